@@ -1,0 +1,1 @@
+"""Controller-side model work: synthetic checkpoints, fetch, convert, manifest, verify."""

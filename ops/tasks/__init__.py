@@ -1,0 +1,15 @@
+"""The operator's task collection. One module per area, each a sub-collection (`model.synth`, ...)."""
+
+from __future__ import annotations
+
+from invoke import Collection
+
+
+def namespace() -> Collection:
+    # Imported here so `vlfleet --help` does not pay for every area's imports up front.
+    from ops.tasks import model, serve
+
+    ns = Collection()
+    ns.add_collection(Collection.from_module(model), name="model")
+    ns.add_task(serve.serve)
+    return ns

@@ -1,0 +1,162 @@
+"""Service configuration from VLFLEET_* environment variables, validated once at start.
+
+Each setting is declared once in ``FIELDS`` (name, type, default, help); the docs' configuration
+reference is generated from that table. A bad value stops the process with a message that names
+the variable and what it accepts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PREFIX = "VLFLEET_"
+
+
+class SettingsError(ValueError):
+    """A VLFLEET_* variable has a value the service cannot use."""
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str  # attribute name; the variable is PREFIX + name.upper()
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    accepts: str  # what a valid value looks like, for the error message and the docs
+
+    @property
+    def env(self) -> str:
+        return PREFIX + self.name.upper()
+
+
+def _int_range(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not lo <= value <= hi:
+            raise ValueError
+        return value
+    return parse
+
+
+def _float_range(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not lo <= value <= hi:
+            raise ValueError
+        return value
+    return parse
+
+
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ValueError
+        return raw
+    return parse
+
+
+def _csv(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip().lower() for part in raw.split(",") if part.strip())
+
+
+def _path(raw: str) -> Path | None:
+    return Path(raw) if raw else None
+
+
+MiB = 1024 * 1024
+
+FIELDS: tuple[Field, ...] = (
+    Field("model_dir", _path, None, "OpenVINO model artifact directory (with manifest.json).", "a directory path"),
+    Field("model_name", str, "qwen3-vl-2b-instruct", "Model id reported by /v1/models and accepted in requests.",
+          "a string"),
+    Field("host", str, "127.0.0.1", "Address to bind. Loopback by default: nginx is the public entry.",
+          "an IP address or host name"),
+    Field("port", _int_range(1, 65535), 8000, "TCP port to listen on.", "an integer 1-65535"),
+    Field("device", _choice("CPU"), "CPU", "OpenVINO device.", "CPU"),
+    Field("threads", _int_range(0, 1024), 0,
+          "OpenVINO inference threads; 0 = one per CPU in the process's affinity mask (the launcher sets it).",
+          "an integer 0-1024"),
+    Field("http_threads", _int_range(2, 256), 16,
+          "gunicorn threads in the one worker process (each open SSE stream holds one).", "an integer 2-256"),
+    Field("queue_size", _int_range(1, 1024), 8,
+          "Requests that may wait for the inference thread; beyond it: 429 with Retry-After.",
+          "an integer 1-1024"),
+    Field("queue_timeout", _float_range(0.1, 3600), 120.0,
+          "Seconds a request may wait in the queue before it gets 503.", "a number of seconds 0.1-3600"),
+    Field("max_tokens", _int_range(1, 8192), 128,
+          "Server maximum for max_tokens/max_completion_tokens (and the default).", "an integer 1-8192"),
+    Field("image_max_side", _int_range(0, 8192), 448,
+          "Images are downscaled so the long side is at most this many pixels (aspect kept); 0 = off.",
+          "an integer 0-8192"),
+    Field("max_images", _int_range(1, 16), 4, "Images allowed in one request.", "an integer 1-16"),
+    Field("max_image_bytes", _int_range(1024, 512 * MiB), 10 * MiB, "Largest encoded image accepted, in bytes.",
+          "an integer 1024-536870912"),
+    Field("max_image_pixels", _int_range(1, 1 << 30), 40_000_000,
+          "Largest decoded image accepted (width x height); guards against decompression bombs.",
+          "an integer >= 1"),
+    Field("max_body_bytes", _int_range(1024, 1 << 30), 24 * MiB, "Largest request body accepted, in bytes.",
+          "an integer >= 1024"),
+    Field("image_url_domains", _csv, (),
+          "Comma-separated domains whose http(s) image URLs may be fetched; empty = URLs refused.",
+          "comma-separated domain names"),
+    Field("api_keys_file", _path, None,
+          "File with one API key per line; when set, every endpoint but /healthz and /readyz needs one.",
+          "a file path"),
+    Field("model_cache_dir", _path, None, "OpenVINO compiled-model cache directory (faster restarts).",
+          "a directory path"),
+    Field("warmup", _bool, True, "Run one generation at start before /readyz turns 200.", "true or false"),
+    Field("release_id", str, "", "Release this process belongs to (shown in /readyz and /metrics).", "a string"),
+    Field("log_level", _choice("debug", "info", "warning", "error"), "info", "Log level of the JSON logs.",
+          "debug, info, warning or error"),
+    Field("skip_artifact_check", _bool, False,
+          "Start even when the artifact's manifest checks fail (for development only).", "true or false"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def replace(self, **changes: Any) -> Settings:
+        unknown = set(changes) - {f.name for f in FIELDS}
+        if unknown:
+            raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
+        return Settings({**self.values, **changes})
+
+
+def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Read every field from ``environ`` (default os.environ); ``overrides`` win and are not parsed."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in FIELDS:
+        raw = environ.get(f.env)
+        if raw is None or raw == "":
+            values[f.name] = f.default
+            continue
+        try:
+            values[f.name] = f.parse(raw)
+        except ValueError:
+            raise SettingsError(f"{f.env}={raw!r} is not valid: expected {f.accepts}") from None
+    settings = Settings(values).replace(**overrides)
+    if settings.model_dir is None:
+        raise SettingsError(f"{PREFIX}MODEL_DIR is not set: point it at a converted model artifact directory")
+    return settings
