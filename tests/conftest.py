@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-# CI sets VLFLEET_REQUIRE_ALL=1: a test that would skip for lack of root, nspawn, qemu or chromium fails instead.
-REQUIRE_ALL = os.environ.get("VLFLEET_REQUIRE_ALL") == "1"
+from tests.prereq import REQUIRE_ALL
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -20,18 +17,6 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under VLFLEET_REQUIRE_ALL=1 (CI must run everything): {reason}"
-
-
-def require(condition: bool, reason: str) -> None:
-    """Skip (or, under VLFLEET_REQUIRE_ALL=1, fail) when a prerequisite of the machine is missing."""
-    if not condition:
-        pytest.skip(reason)
-
-
-def require_root_tools(*tools: str) -> None:
-    require(os.geteuid() == 0, "needs root")
-    for tool in tools:
-        require(shutil.which(tool) is not None, f"needs {tool} on PATH")
 
 
 @pytest.fixture(scope="session")
