@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from ops.model import convert as convert_mod
 from ops.model import synth
 from ops.paths import cache_root
+from service import manifest as manifest_mod
 
 
 def _code_key(*modules) -> str:
@@ -18,24 +22,35 @@ def _code_key(*modules) -> str:
     return h.hexdigest()[:12]
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    # Test sessions running side by side share the cache: one builds, the others wait and reuse.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def checkpoint(shape: str, seed: int = 0) -> Path:
     """A synthetic checkpoint of ``shape``; rebuilt only when synth.py changes."""
     out = cache_root() / "checkpoints" / f"synth-{shape}-s{seed}-{_code_key(synth)}"
-    if not (out / "config.json").is_file():
-        tmp = out.with_name(out.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        synth.synthesize(shape, tmp, seed=seed)
-        tmp.rename(out)
+    if (out / "config.json").is_file():
+        return out
+    with _locked(out):
+        if not (out / "config.json").is_file():
+            tmp = out.with_name(out.name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            synth.synthesize(shape, tmp, seed=seed)
+            tmp.rename(out)
     return out
 
 
-def artifact(shape: str, params: convert_mod.ConvertParams, seed: int = 0) -> Path:
-    """``checkpoint(shape)`` converted with ``params``; rebuilt when the checkpoint or converter changes."""
+def artifact(shape: str, params: convert_mod.ConvertParams, seed: int = 0, quiet: bool = True) -> Path:
+    """``checkpoint(shape)`` converted with ``params`` (with manifest.json); rebuilt when either changes."""
     src = checkpoint(shape, seed)
-    fmt = params.weight_format if params.weight_format != "int4" else f"int4-g{params.group_size}-r{params.ratio}"
-    out = cache_root() / "artifacts" / f"{src.name}-{fmt}-{_code_key(convert_mod)}"
-    if not out.is_dir():
-        convert_mod.convert(src, out, params, quiet=True)
+    out = cache_root() / "artifacts" / f"{src.name}-{params.label()}-{_code_key(convert_mod, manifest_mod)}"
+    if not (out / manifest_mod.MANIFEST_NAME).is_file():
+        convert_mod.convert(src, out, params, quiet=quiet)
     return out
 
 

@@ -1,18 +1,36 @@
-"""Hugging Face checkpoint -> OpenVINO IR with the real toolchain (`optimum-cli export openvino`).
+"""Hugging Face checkpoint -> OpenVINO IR artifact with the real toolchain (`optimum-cli export openvino`).
 
-Writes into a temporary sibling directory and renames it into place only on success, so an
-interrupted or failed convert never leaves something that looks like an artifact.
+Atomic: the export writes into a hidden ``.partial`` sibling that is renamed into place only after it succeeded
+and its manifest.json is written, so an interrupted or failed convert never leaves something that looks like an
+artifact. The export subprocess dies with us (PR_SET_PDEATHSIG), so a killed convert leaves no orphan writing on.
+An existing artifact is never overwritten: converting to it again with the same inputs is a no-op, and a result
+with different content is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
+import json
 import shutil
+import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
+
+from service import manifest as mf
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16")
+# Versions recorded in the manifest: everything that shapes the bytes of the IR.
+TOOLS = ("optimum-intel", "optimum", "transformers", "openvino", "openvino-tokenizers", "nncf", "torch")
+# Written by ops.model.fetch into checkpoints it extracts, so the manifest can name where they came from.
+SOURCE_FILE = "vlfleet-source.json"
 
 
 @dataclass(frozen=True)
@@ -27,6 +45,8 @@ class ConvertParams:
             raise ValueError(f"weight format {self.weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
         if not 0.0 < self.ratio <= 1.0:
             raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
+        if self.group_size != -1 and self.group_size < 1:
+            raise ValueError(f"group size must be -1 (per channel) or positive, got {self.group_size}")
 
     def cli_args(self) -> list[str]:
         args = ["--weight-format", self.weight_format]
@@ -35,6 +55,17 @@ class ConvertParams:
             if self.sym:
                 args.append("--sym")
         return args
+
+    def describe(self) -> dict[str, Any]:
+        """The parameters that matter for this format (the manifest's ``weight_format``)."""
+        if self.weight_format == "int4":
+            return asdict(self)
+        return {"weight_format": self.weight_format}
+
+    def label(self) -> str:
+        if self.weight_format != "int4":
+            return self.weight_format
+        return f"int4-g{self.group_size}-r{self.ratio}" + ("-sym" if self.sym else "")
 
 
 def optimum_cli() -> str:
@@ -48,19 +79,114 @@ def export_command(source: Path, out: Path, params: ConvertParams) -> list[str]:
             *params.cli_args(), str(out)]
 
 
-def convert(source: Path, out: Path, params: ConvertParams, quiet: bool = False) -> Path:
+def tool_versions() -> dict[str, str]:
+    found = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for name in TOOLS:
+        with contextlib.suppress(PackageNotFoundError):
+            found[name] = version(name)
+    return found
+
+
+def min_runtime(openvino_version: str) -> str:
+    """Oldest OpenVINO runtime that loads IR made by ``openvino_version``: the same major.minor release.
+
+    Opsets and the tokenizer extension's operations change between minor releases, not patch releases; older
+    runtimes may lack operations the exporter used.
+    """
+    major, minor = mf.parse_version(openvino_version)[:2]
+    return f"{major}.{minor}"
+
+
+def describe_source(source: Path) -> dict[str, Any]:
+    """Where a checkpoint directory came from: fetch's record, a hub cache snapshot, or a plain directory."""
+    source = Path(source).absolute()
+    record = source / SOURCE_FILE
+    if record.is_file():
+        return json.loads(record.read_text())
+    if source.parent.name == "snapshots" and source.parent.parent.name.startswith("models--"):
+        repo = source.parent.parent.name[len("models--"):].replace("--", "/")
+        return {"kind": "hf", "uri": repo, "revision": source.name}
+    # A plain directory has no revision: its content is its identity.
+    return {"kind": "dir", "uri": str(source), "revision": "sha256:" + mf.content_digest(mf.scan(source))}
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: SIGKILL it when the converting process goes away.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    # Serialises converts to one destination (parallel test sessions share the cache).
+    with open(out.with_name(f".{out.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _log(quiet: bool, msg: str) -> None:
+    if not quiet:
+        print(f"[convert] {msg}", file=sys.stderr, flush=True)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _same_inputs(manifest: Mapping[str, Any], source: Mapping[str, Any], params: ConvertParams,
+                 tools: Mapping[str, str]) -> bool:
+    return (manifest.get("source") == dict(source) and manifest.get("weight_format") == params.describe()
+            and manifest.get("tools") == dict(tools))
+
+
+def convert(source: Path, out: Path, params: ConvertParams, quiet: bool = False,
+            origin: Mapping[str, Any] | None = None) -> Path:
+    """Convert checkpoint ``source`` into artifact ``out`` (with manifest.json); returns ``out``.
+
+    ``origin`` describes where the checkpoint came from (``ops.model.fetch`` passes it); by default it is
+    worked out from the directory. Raises FileNotFoundError for a non-checkpoint source, FileExistsError when
+    ``out`` holds something else, subprocess.CalledProcessError when the export fails.
+    """
     source, out = Path(source), Path(out)
     if not (source / "config.json").is_file():
         raise FileNotFoundError(f"{source} has no config.json: not a Hugging Face checkpoint directory")
-    if out.exists():
-        raise FileExistsError(f"{out} already exists; remove it or choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        subprocess.run(export_command(source, tmp, params), check=True,
-                       stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.STDOUT if quiet else None)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _locked(out):
+        origin = dict(origin) if origin is not None else describe_source(source)
+        tools = tool_versions()
+        if out.exists():
+            try:
+                existing = mf.read_manifest(out)
+            except mf.ArtifactError as e:
+                raise FileExistsError(f"{out} exists and is not a vlfleet artifact ({e.problem}); "
+                                      "remove it or choose another --out") from e
+            if _same_inputs(existing, origin, params, tools) and mf.verify(out, full=False).ok:
+                _log(quiet, f"{out} already holds this conversion (artifact {existing['artifact_id']}); nothing to do")
+                return out
+        tmp = out.with_name(f".{out.name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a killed convert
+        try:
+            started = time.monotonic()
+            _log(quiet, f"exporting {source} -> {out} ({params.label()}) with optimum-cli; this takes minutes "
+                        "for a 2B model")
+            subprocess.run(export_command(source, tmp, params), check=True, preexec_fn=_die_with_parent,
+                           stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.STDOUT if quiet else None)
+            _log(quiet, f"export finished in {time.monotonic() - started:.0f} s; hashing files for the manifest")
+            files = mf.scan(tmp)
+            manifest = mf.build_manifest(tmp, source=origin, weight_format=params.describe(), tools=tools,
+                                         min_runtime=min_runtime(tools["openvino"]), files=files)
+            mf.write_manifest(tmp, manifest)
+            if out.exists():
+                existing_id = mf.read_manifest(out)["artifact_id"]
+                if existing_id != manifest["artifact_id"]:
+                    raise FileExistsError(
+                        f"{out} already holds artifact {existing_id}, and this conversion produced different "
+                        f"content ({manifest['artifact_id']}); refusing to overwrite it. Remove {out} or choose "
+                        "another --out")
+                _log(quiet, f"{out} already holds the same content (artifact {existing_id}); kept it")
+                return out
+            tmp.rename(out)
+            _log(quiet, f"artifact {manifest['artifact_id']} ({_gb(manifest['total_size'])}, {len(files)} files) "
+                        f"written to {out} in {time.monotonic() - started:.0f} s")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
