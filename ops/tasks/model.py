@@ -1,10 +1,38 @@
-"""`vlfleet model.*`: make, convert and check model artifacts."""
+"""`vlfleet model.*`: fetch checkpoints, convert them once, check the artifacts."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import time
 from pathlib import Path
 
 from invoke import Exit, task
+
+_SOURCE_HELP = ("Hugging Face repo id (default Qwen/Qwen3-VL-2B-Instruct; mirror via HF_ENDPOINT), checkpoint "
+                "directory, http(s)/file URL or path of a checkpoint tarball")
+_FORMAT_HELP = {
+    "weight_format": "int4 (default), int8 or fp16",
+    "group_size": "int4 group size (default 128; -1 = per channel)",
+    "ratio": "int4: share of layers in int4, the rest int8 (default 1.0)",
+    "sym": "int4: symmetric quantisation",
+}
+_FETCH_HELP = {
+    "source": _SOURCE_HELP,
+    "revision": "hub commit (40 hex) to pin; a branch such as 'main' (the default) works but is warned about",
+    "endpoint": "hub mirror URL (default: $HF_ENDPOINT, else huggingface.co)",
+    "token_file": "file holding the hub token (default: $HF_TOKEN); never printed",
+    "sha256": "expected sha256 of a tarball source",
+}
+
+
+def _params(weight_format, group_size, ratio, sym):
+    from ops.model.convert import ConvertParams
+
+    try:
+        return ConvertParams(weight_format, int(group_size), float(ratio), bool(sym))
+    except ValueError as e:
+        raise Exit(f"bad conversion parameters: {e}") from e
 
 
 @task(help={
@@ -25,22 +53,83 @@ def synth(c, out, shape="tiny", seed=0):
     print(f"synthetic {shape} checkpoint written to {path}")
 
 
-@task(help={
-    "source": "Hugging Face checkpoint directory",
-    "out": "artifact directory to create",
-    "weight_format": "int4 (default), int8 or fp16",
-    "group_size": "int4 group size (default 128; -1 = per channel)",
-    "ratio": "int4: share of layers in int4, the rest int8 (default 1.0)",
-    "sym": "int4: symmetric quantisation",
-})
-def convert(c, source, out, weight_format="int4", group_size=128, ratio=1.0, sym=False):
-    """Convert a checkpoint to OpenVINO IR with optimum-cli (atomic: no partial artifact on failure)."""
-    from ops.model.convert import ConvertParams
-    from ops.model.convert import convert as run_convert
+@task(help={**_FETCH_HELP, "out": "directory to put the checkpoint in (default: under the vlfleet cache)",
+            "refresh": "download a URL source again even if the cache has it"})
+def fetch(c, source="Qwen/Qwen3-VL-2B-Instruct", revision=None, out=None, endpoint=None, token_file=None,
+          sha256=None, refresh=False):
+    """Fetch a checkpoint (resumable, progress shown); prints its directory and resolved revision."""
+    from ops.model.fetch import FetchError
+    from ops.model.fetch import fetch as run_fetch
 
     try:
-        params = ConvertParams(weight_format, int(group_size), float(ratio), bool(sym))
+        got = run_fetch(source, revision, out=Path(out) if out else None, endpoint=endpoint, token_file=token_file,
+                        sha256=sha256, refresh=refresh)
+    except FetchError as e:
+        raise Exit(f"model.fetch: {e}") from e
+    print(f"checkpoint: {got.path}\nsource: {got.origin['kind']} {got.origin['uri']} @ {got.origin['revision']}")
+
+
+@task(help={"source": "Hugging Face checkpoint directory (from model.fetch or model.synth)",
+            "out": "artifact directory to create", **_FORMAT_HELP})
+def convert(c, source, out, weight_format="int4", group_size=128, ratio=1.0, sym=False):
+    """Convert a checkpoint to an OpenVINO IR artifact with manifest.json (atomic; never overwrites)."""
+    from ops.model.convert import convert as run_convert
+
+    params = _params(weight_format, group_size, ratio, sym)
+    try:
         path = run_convert(Path(source), Path(out), params)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (FileNotFoundError, FileExistsError) as e:
         raise Exit(f"model.convert: {e}") from e
+    except subprocess.CalledProcessError as e:
+        raise Exit(f"model.convert: optimum-cli export failed (exit {e.returncode}; its output is above); no "
+                   "artifact was written") from e
     print(f"OpenVINO artifact written to {path}")
+
+
+def _verify_or_exit(path: Path, smoke: bool, cheap: bool = False, report=None) -> None:
+    from service.manifest import verify as run_verify
+
+    started = time.monotonic()
+    report = report or run_verify(path, full=not cheap)
+    print(json.dumps({**report.to_dict(), "seconds": round(time.monotonic() - started, 2)}, indent=2))
+    if not report.ok:
+        raise Exit(f"model.verify: {path} does not match its manifest: " + "; ".join(report.problems()))
+    if smoke:
+        from ops.model.smoke import smoke as run_smoke
+
+        try:
+            result = run_smoke(path)
+        except RuntimeError as e:
+            raise Exit(f"model.verify --smoke: VLMPipeline could not load or run {path}: {e}") from e
+        print(f"smoke: loaded in {result.load_s:.1f} s, {result.tokens} tokens in {result.generate_s:.1f} s: "
+              f"{result.text!r}")
+
+
+@task(help={"directory": "artifact directory (holds manifest.json)",
+            "smoke": "also load it with openvino_genai.VLMPipeline and generate a few tokens",
+            "cheap": "check presence and sizes only, no hashing"})
+def verify(c, directory, smoke=False, cheap=False):
+    """Recompute every file's sha256 and name missing, extra and modified files; exit 1 on problems."""
+    _verify_or_exit(Path(directory), smoke, cheap)
+
+
+@task(help={**_FETCH_HELP, **_FORMAT_HELP, "out": "artifact directory (default: cached under the vlfleet cache)",
+            "smoke": "also load the artifact with VLMPipeline and generate a few tokens"})
+def build(c, source="Qwen/Qwen3-VL-2B-Instruct", revision=None, out=None, endpoint=None, token_file=None,
+          sha256=None, weight_format="int4", group_size=128, ratio=1.0, sym=False, smoke=False):
+    """fetch + convert + verify, cached by (source, resolved revision, format, params, tool versions)."""
+    from ops.model.build import build as run_build
+    from ops.model.fetch import FetchError
+
+    params = _params(weight_format, group_size, ratio, sym)
+    try:
+        path, report = run_build(source, params, revision=revision, out=Path(out) if out else None, endpoint=endpoint,
+                            token_file=token_file, sha256=sha256)
+    except FetchError as e:
+        raise Exit(f"model.build: {e}") from e
+    except (FileNotFoundError, FileExistsError) as e:
+        raise Exit(f"model.build: {e}") from e
+    except subprocess.CalledProcessError as e:
+        raise Exit(f"model.build: optimum-cli export failed (exit {e.returncode}; its output is above)") from e
+    _verify_or_exit(path, smoke, report=report)
+    print(f"artifact: {path}")
