@@ -7,9 +7,10 @@ from invoke import Collection
 
 def namespace() -> Collection:
     # Imported here so `vlfleet --help` does not pay for every area's imports up front.
-    from ops.tasks import model, serve
+    from ops.tasks import model, serve, staging
 
     ns = Collection()
     ns.add_collection(Collection.from_module(model), name="model")
     ns.add_task(serve.serve)
+    ns.add_collection(Collection.from_module(staging), name="staging")
     return ns
