@@ -1,0 +1,87 @@
+"""OpenAI-compatible endpoints: POST /v1/chat/completions (streaming and not) and GET /v1/models."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, current_app, g, jsonify, request
+
+from service import openai_request, sse
+from service.errors import APIError
+from service.streaming import JobStream, sse_body
+
+bp = Blueprint("openai", __name__)
+
+
+def json_body():
+    if request.mimetype != "application/json":
+        raise APIError(f"Content-Type must be application/json, got {request.mimetype or 'none'}", 415,
+                       code="unsupported_media_type")
+    body = request.get_json(silent=True)
+    if body is None:
+        raise APIError("request body is not valid JSON", 400, code="invalid_json")
+    return body
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    state = current_app.extensions["vlfleet"]
+    settings = state.settings
+    parsed = openai_request.parse(json_body(), settings.model_name, settings.max_tokens, settings.max_images,
+                                  state.load_image)
+    job = state.engine.submit(parsed.conversation, parsed.sampling, g.request_id)
+    stream = JobStream(job, settings.queue_timeout, state.metrics, started_at=g.started_at)
+    headers = stream.wait_started()
+    completion_id = f"chatcmpl-{g.request_id}"
+    created = int(time.time())
+    if not parsed.stream:
+        done = stream.collect()
+        timings = done["timings"]
+        return jsonify({
+            "id": completion_id, "object": "chat.completion", "created": created, "model": parsed.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": done["text"]},
+                         "finish_reason": _finish(done["finish_reason"])}],
+            "usage": _usage(timings),
+        }), 200, headers
+
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": parsed.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    def render(kind: str, payload) -> str | None:
+        if kind == "started":
+            return None
+        if kind == "token":
+            return sse.event(chunk({"content": payload}))
+        if kind == "error":
+            return sse.event(payload.body()) + sse.event("[DONE]")
+        if kind == "done":
+            out = sse.event(chunk({}, _finish(payload["finish_reason"])))
+            if parsed.include_usage:
+                out += sse.event({**chunk({}), "choices": [], "usage": _usage(payload["timings"])})
+            return out + sse.event("[DONE]")
+        return None
+
+    def body():
+        yield sse.event(chunk({"role": "assistant", "content": ""}))
+        yield from sse_body(stream, render, sse.KEEPALIVE)
+
+    return Response(body(), mimetype="text/event-stream", headers={**sse.HEADERS, **headers})
+
+
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _usage(timings) -> dict:
+    return {"prompt_tokens": timings.prompt_tokens, "completion_tokens": timings.completion_tokens,
+            "total_tokens": timings.prompt_tokens + timings.completion_tokens}
+
+
+@bp.get("/v1/models")
+def models():
+    state = current_app.extensions["vlfleet"]
+    return jsonify({"object": "list", "data": [
+        {"id": state.settings.model_name, "object": "model", "created": int(state.started_wall), "owned_by": "vlfleet",
+         "artifact_id": state.artifact_id},
+    ]})

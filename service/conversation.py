@@ -1,0 +1,87 @@
+"""What the engine generates from: a conversation of text turns with images, independent of the HTTP API."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from service.images import PreparedImage
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str
+    text: str
+    images: tuple[PreparedImage, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # benchmarks: fixed output length from a model whose answers are noise
+
+    @property
+    def deterministic(self) -> bool:
+        return self.temperature == 0.0 or self.seed is not None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    turns: tuple[Turn, ...]
+    session: str | None = None  # explicit session id (web UI); None = derive from content
+
+    def __post_init__(self) -> None:
+        if not self.turns or self.turns[-1].role != "user":
+            raise ValueError("a conversation must end with a user turn")
+
+    @property
+    def images(self) -> list[PreparedImage]:
+        return [img for turn in self.turns for img in turn.images]
+
+    def prefix_key(self) -> str:
+        """Content key of everything before the last user turn: a follow-up finds its earlier turns by it."""
+        return content_key(self.turns[:-1])
+
+
+def content_key(turns: tuple[Turn, ...] | list[Turn]) -> str:
+    h = hashlib.sha256()
+    for turn in turns:
+        h.update(json.dumps([turn.role, turn.text, [img.digest for img in turn.images]]).encode())
+    return h.hexdigest()
+
+
+@dataclass
+class Timings:
+    queued_s: float = 0.0
+    first_token_s: float | None = None  # from the start of generation
+    total_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    image_encode_s: float = 0.0
+    reused_session: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ms_per_token(self) -> float | None:
+        if self.first_token_s is None or self.completion_tokens < 2:
+            return None
+        return 1000.0 * (self.total_s - self.first_token_s) / (self.completion_tokens - 1)
+
+    def as_dict(self) -> dict:
+        return {
+            "queued_s": round(self.queued_s, 4),
+            "first_token_s": None if self.first_token_s is None else round(self.first_token_s, 4),
+            "total_s": round(self.total_s, 4),
+            "ms_per_token": None if self.ms_per_token is None else round(self.ms_per_token, 2),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "image_encode_s": round(self.image_encode_s, 4),
+            "reused_session": self.reused_session,
+        }

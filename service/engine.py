@@ -1,0 +1,252 @@
+"""The inference engine: one VLMPipeline, driven by one thread, fed by a bounded queue.
+
+VLMPipeline is not safe to call from two threads, so HTTP threads never touch it: they submit a Job and
+read its events (status, token, done, error) from the job's own queue. A full queue is refused at once
+(429); a job that waits too long is abandoned (503); a client that goes away cancels its job, and the
+streamer's CANCEL return stops generation so the next job starts promptly.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from service.conversation import Conversation, Sampling, Timings, Turn
+from service.errors import APIError, Overloaded
+from service.sessions import Session, SessionStore
+
+log = logging.getLogger("vlfleet.engine")
+
+QUEUED, RUNNING, FINISHED, ABANDONED = "queued", "running", "finished", "abandoned"
+KEEPALIVE = ("keepalive", None)
+
+
+class Job:
+    """One request's life in the engine; HTTP threads read ``events()``, the inference thread writes."""
+
+    def __init__(self, conversation: Conversation, sampling: Sampling, request_id: str):
+        self.conversation = conversation
+        self.sampling = sampling
+        self.request_id = request_id
+        self.enqueued_at = time.monotonic()
+        self.cancelled = threading.Event()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._state = QUEUED
+        self._lock = threading.Lock()
+
+    def _transition(self, old: str, new: str) -> bool:
+        with self._lock:
+            if self._state != old:
+                return False
+            self._state = new
+            return True
+
+    def cancel(self) -> None:
+        """The client went away: drop the job if still queued, else make the streamer return CANCEL."""
+        self.cancelled.set()
+        self._transition(QUEUED, ABANDONED)
+
+    def put(self, kind: str, payload: Any = None) -> None:
+        self._events.put((kind, payload))
+
+    def events(self, queue_timeout: float, keepalive: float = 1.0) -> Iterator[tuple[str, Any]]:
+        """Yield events until done/error; a KEEPALIVE every ``keepalive`` s of silence lets callers detect hang-ups."""
+        while True:
+            try:
+                kind, payload = self._events.get(timeout=keepalive)
+            except queue.Empty:
+                waited = time.monotonic() - self.enqueued_at
+                if waited > queue_timeout and self._transition(QUEUED, ABANDONED):
+                    yield "error", Overloaded(
+                        f"request waited {waited:.0f}s in the queue without starting "
+                        f"(limit VLFLEET_QUEUE_TIMEOUT={queue_timeout:g}s); retry later", 503, retry_after=5)
+                    return
+                yield KEEPALIVE
+                continue
+            yield kind, payload
+            if kind in ("done", "error"):
+                return
+
+
+class Engine:
+    """Owns the pipeline and the inference thread. ``pipeline_factory`` builds the pipeline in that thread."""
+
+    def __init__(self, settings, metrics=None, pipeline_factory=None):
+        self.settings = settings
+        self.metrics = metrics
+        self._factory = pipeline_factory or (lambda: load_pipeline(settings))
+        self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_size)
+        self._sessions = SessionStore(capacity=64)
+        self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+        self.ready = threading.Event()
+        self.failed: str | None = None
+        self.pipeline = None
+        self.running: Job | None = None
+        self.load_seconds: float | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, conversation: Conversation, sampling: Sampling, request_id: str) -> Job:
+        if not self.ready.is_set():
+            raise Overloaded(self.failed or "model is still loading; retry when /readyz returns 200", 503,
+                             retry_after=5)
+        job = Job(conversation, sampling, request_id)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise Overloaded(f"server busy: {self.settings.queue_size} requests already queued; retry later", 429,
+                             retry_after=max(1, self._queue.qsize())) from None
+        if self.metrics:
+            self.metrics.queue_depth.set(self._queue.qsize())
+        return job
+
+    # --- inference thread -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            started = time.monotonic()
+            self.pipeline = self._factory()
+            if self.settings.warmup:
+                self._warmup()
+            self.load_seconds = time.monotonic() - started
+            log.info("model ready", extra={"load_seconds": round(self.load_seconds, 2)})
+            self.ready.set()
+        except Exception as e:  # a model that cannot load leaves the process alive but never ready
+            self.failed = f"model failed to load: {e}"
+            log.exception("model failed to load")
+            return
+        while True:
+            job = self._queue.get()
+            if self.metrics:
+                self.metrics.queue_depth.set(self._queue.qsize())
+            if not job._transition(QUEUED, RUNNING):
+                continue  # abandoned while queued
+            self.running = job
+            try:
+                self._generate(job)
+            except Exception as e:
+                log.exception("generation failed", extra={"request_id": job.request_id})
+                job.put("error", APIError(f"generation failed: {e}", 500, code="generation_failed"))
+            finally:
+                self.running = None
+                job._transition(RUNNING, FINISHED)
+
+    def _warmup(self) -> None:
+        import numpy as np
+
+        from service.images import PreparedImage
+
+        pixels = np.full((1, 64, 64, 3), 127, dtype=np.uint8)
+        warm = Conversation((Turn("user", "Describe the image.", (PreparedImage(pixels, "warmup", (64, 64)),)),))
+        job = Job(warm, Sampling(max_tokens=2), "warmup")
+        self._generate(job, remember=False)
+
+    def _generate(self, job: Job, remember: bool = True) -> None:
+        import openvino_genai as ov_genai
+
+        conv, started = job.conversation, time.monotonic()
+        timings = Timings(queued_s=started - job.enqueued_at)
+        session, images, asked = self._prepare(conv)
+        timings.reused_session = session.reused
+        job.put("started", {"reused_session": session.reused, "images": len(images)})
+        pieces: list[str] = []
+
+        def streamer(text: str):
+            if timings.first_token_s is None:
+                timings.first_token_s = time.monotonic() - started
+            pieces.append(text)
+            job.put("token", text)
+            return ov_genai.StreamingStatus.CANCEL if job.cancelled.is_set() else ov_genai.StreamingStatus.RUNNING
+
+        result = self.pipeline.generate(session.history, images=images,
+                                        generation_config=generation_config(job.sampling), streamer=streamer)
+        timings.total_s = time.monotonic() - started
+        perf = result.perf_metrics
+        timings.prompt_tokens = int(perf.get_num_input_tokens())
+        timings.completion_tokens = int(perf.get_num_generated_tokens())
+        timings.image_encode_s = float(perf.get_prepare_embeddings_duration().mean) / 1000.0
+        text = "".join(pieces)
+        if job.cancelled.is_set():
+            finish = "cancelled"
+            if self.metrics:
+                self.metrics.cancelled.inc()
+        elif timings.completion_tokens >= job.sampling.max_tokens:
+            finish = "length"
+        else:
+            finish = "stop"
+        key = None
+        if remember and finish != "cancelled":
+            session.history.append({"role": "assistant", "content": text})
+            session.turns = (*session.turns, asked, Turn("assistant", text))
+            session.reused = True
+            key = session.key
+            self._sessions.put(session)
+        job.put("done", {"finish_reason": finish, "text": text, "timings": timings, "session": key})
+
+    def _prepare(self, conv: Conversation) -> tuple[Session, list, Turn]:
+        """Continue the session ``conv`` follows up on, or start one.
+
+        Returns the session, the images to send with this turn, and the turn as the session records it.
+        """
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        last = conv.turns[-1]
+        known = conv.session is not None or len(conv.turns) > 1
+        session = self._sessions.take(conv.session or conv.prefix_key()) if known else None
+        if session is not None:
+            session.history.append({"role": "user", "content": last.text})
+            if conv.session:  # the web UI re-sends an image the session already has
+                last = Turn("user", last.text)
+            images = list(last.images)
+        else:
+            history = ov_genai.ChatHistory()
+            for turn in conv.turns:
+                history.append({"role": turn.role, "content": turn.text})
+            session = Session(history, turns=conv.turns[:-1])
+            # A fresh history takes images for its last message only, so earlier turns' images ride along there.
+            images = conv.images
+        return session, [ov.Tensor(img.pixels) for img in images], last
+
+
+def generation_config(sampling: Sampling):
+    import openvino_genai as ov_genai
+
+    cfg = ov_genai.GenerationConfig()
+    cfg.max_new_tokens = sampling.max_tokens
+    if sampling.temperature > 0:
+        cfg.do_sample = True
+        cfg.temperature = sampling.temperature
+        cfg.top_p = sampling.top_p
+    if sampling.seed is not None:
+        cfg.rng_seed = sampling.seed
+    if sampling.stop:
+        cfg.stop_strings = set(sampling.stop)
+        cfg.include_stop_str_in_output = False
+    if sampling.ignore_eos:
+        cfg.ignore_eos = True
+        cfg.min_new_tokens = sampling.max_tokens
+    return cfg
+
+
+def load_pipeline(settings):
+    """Build the VLMPipeline with the settings' threads and compiled-model cache."""
+    import openvino_genai as ov_genai
+
+    properties: dict[str, Any] = {}
+    if settings.threads:
+        properties["INFERENCE_NUM_THREADS"] = settings.threads
+    if settings.model_cache_dir:
+        Path(settings.model_cache_dir).mkdir(parents=True, exist_ok=True)
+        properties["CACHE_DIR"] = str(settings.model_cache_dir)
+    return ov_genai.VLMPipeline(str(settings.model_dir), settings.device, **properties)

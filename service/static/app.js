@@ -1,0 +1,101 @@
+// vlfleet web UI: pick or drop an image, ask, watch tokens stream in (SSE over fetch), ask follow-ups.
+"use strict";
+const $ = (id) => document.getElementById(id);
+let image = null;      // the File being discussed
+let session = null;    // server's key for the conversation so far (follow-ups skip the vision encoder)
+
+function setImage(file) {
+  if (!file || !file.type.startsWith("image/")) { showError("That file is not an image."); return; }
+  image = file; session = null;
+  $("preview").src = URL.createObjectURL(file); $("preview").hidden = false;
+  $("drop-hint").hidden = true; $("log").innerHTML = ""; $("stats").textContent = ""; showError(null);
+  $("question").focus();
+}
+
+function showError(message) { $("error").textContent = message || ""; $("error").hidden = !message; }
+
+function addEntry(role, text) {
+  const li = document.createElement("li");
+  li.className = role; li.textContent = text;
+  $("log").appendChild(li);
+  return li;
+}
+
+// Minimal SSE parser for a fetch() body: yields {event, data} objects.
+async function* sseEvents(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+      let event = "message", data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event: ")) event = line.slice(7);
+        else if (line.startsWith("data: ")) data.push(line.slice(6));
+      }
+      if (data.length) yield { event, data: JSON.parse(data.join("\n")) };
+    }
+  }
+}
+
+async function ask(question) {
+  const form = new FormData();
+  form.append("question", question);
+  if (session) form.append("session", session);
+  form.append("image", image);  // sent again so an expired session still has its image
+  addEntry("user", question);
+  const answer = addEntry("assistant", "");
+  const status = document.createElement("span"); status.className = "status"; status.textContent = "waiting…";
+  answer.appendChild(status);
+  $("send").disabled = true; showError(null);
+  const t0 = performance.now();
+  let firstToken = null, tokens = 0;
+  try {
+    const response = await fetch("/chat", { method: "POST", body: form });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({}));
+      throw new Error((body.error && body.error.message) || `HTTP ${response.status}`);
+    }
+    for await (const { event, data } of sseEvents(response)) {
+      if (event === "status") status.textContent = data.status + "…";
+      else if (event === "token") {
+        if (firstToken === null) { firstToken = performance.now() - t0; status.remove(); }
+        tokens += 1;
+        answer.append(data.text);
+      } else if (event === "done") {
+        session = data.session;
+        const t = data.timings;
+        const rate = t.ms_per_token ? (1000 / t.ms_per_token).toFixed(1) : "–";
+        $("stats").textContent = `first token ${(firstToken / 1000).toFixed(2)} s · ${rate} tokens/s · ` +
+          `${t.completion_tokens} tokens` + (t.reused_session ? " · follow-up reused the image" : "");
+        $("stats").dataset.firstToken = (firstToken / 1000).toFixed(3);
+        $("stats").dataset.tokens = String(t.completion_tokens);
+      } else if (event === "error") throw new Error(data.message);
+    }
+  } catch (err) {
+    status.remove();
+    showError(err.message);
+  } finally {
+    $("send").disabled = false;
+  }
+}
+
+$("pick").addEventListener("click", () => $("file").click());
+$("file").addEventListener("change", (e) => setImage(e.target.files[0]));
+const drop = $("drop");
+drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+drop.addEventListener("drop", (e) => { e.preventDefault(); drop.classList.remove("over"); setImage(e.dataTransfer.files[0]); });
+drop.addEventListener("click", (e) => { if (e.target === drop || e.target.id === "preview") $("file").click(); });
+$("ask").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const q = $("question").value.trim();
+  if (!image) { showError("Choose an image first."); return; }
+  if (q) { $("question").value = ""; ask(q); }
+});
+fetch("/v1/models").then((r) => r.json()).then((b) => { $("model").textContent = b.data[0].id; }).catch(() => {});

@@ -1,0 +1,36 @@
+"""The real service on the tiny model, started once per session (plus small variants for overload tests)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from PIL import Image
+
+from tests import servers
+
+
+@pytest.fixture(scope="session")
+def service(tiny_model, tmp_path_factory):
+    # A high token cap so tests can hold the inference thread busy with ignore_eos requests.
+    server = servers.start(tiny_model, tmp_path_factory.mktemp("service"), VLFLEET_MAX_TOKENS="4096")
+    yield server
+    server.stop()
+
+
+def png_bytes(size=(96, 64), color=(200, 40, 40), mode="RGB", fmt="PNG") -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, size, color).save(buf, fmt)
+    return buf.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def image_message(question: str = "What is in this image?", data: bytes | None = None) -> dict:
+    return {"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(data or png_bytes())}},
+        {"type": "text", "text": question},
+    ]}

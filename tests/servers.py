@@ -1,0 +1,89 @@
+"""Start the real service the way users do (`vlfleet serve`, gunicorn) and stop it by its PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, dict | str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            body = r.read().decode()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        body, status = e.read().decode(), e.code
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if get(self.url + "/readyz", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"service not ready after {timeout}s:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def start(model: Path, log_dir: Path, wait: bool = True, **env: str) -> Server:
+    """``vlfleet serve --model MODEL`` on a free loopback port; ``env`` adds VLFLEET_* settings."""
+    port = free_port()
+    log_path = log_dir / f"service-{port}.log"
+    vlfleet = Path(sys.executable).with_name("vlfleet")
+    environ = {**os.environ, **{k: str(v) for k, v in env.items()}}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(vlfleet), "serve", "--model", str(model), "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=environ)
+    server = Server(proc, port, log_path)
+    if wait:
+        try:
+            server.wait_ready()
+        except Exception:
+            server.stop()
+            raise
+    return server
