@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -50,12 +51,13 @@ class ImageSpec:
 
 
 def _code_version() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    # Only the code that shapes the image's content is in the key: editing anything else keeps the cache.
+    src = inspect.getsource(debootstrap_args) + inspect.getsource(_customise)
+    return hashlib.sha256(src.encode()).hexdigest()[:12]
 
 
-def _apt_sources() -> Iterator[tuple[str, list[str]]]:
+def apt_sources(base: Path = Path("/etc/apt")) -> Iterator[tuple[str, list[str]]]:
     """(uri, suites) for every deb source the controller's apt knows, one-line and deb822 formats."""
-    base = Path("/etc/apt")
     files = [base / "sources.list", *sorted((base / "sources.list.d").glob("*"))]
     for f in files:
         if not f.is_file():
@@ -78,14 +80,14 @@ def _apt_sources() -> Iterator[tuple[str, list[str]]]:
                     yield parts[1], [parts[2]]
 
 
-def default_mirror(suite: str) -> str:
+def default_mirror(suite: str, apt_dir: Path = Path("/etc/apt")) -> str:
     """The first apt source of the controller that serves ``suite`` itself (not -security or -updates)."""
-    for uri, suites in _apt_sources():
+    for uri, suites in apt_sources(apt_dir):
         if suite in suites and uri.startswith(("http://", "https://")):
             return uri
     # A Debian controller can bootstrap another Debian suite from its own Debian mirror.
     if suite not in UBUNTU_SUITES:
-        for uri, _ in _apt_sources():
+        for uri, _ in apt_sources(apt_dir):
             if uri.rstrip("/").endswith("/debian"):
                 return uri
     raise StagingError(
@@ -131,7 +133,7 @@ def ensure_image(spec: ImageSpec | None = None) -> Path:
     return root
 
 
-def _debootstrap_args(spec: ImageSpec, target: Path) -> list[str]:
+def debootstrap_args(spec: ImageSpec, target: Path) -> list[str]:
     pkgs = sorted(set(spec.packages) | set(spec.extra_packages))
     args = ["debootstrap", "--variant=minbase", f"--include={','.join(pkgs)}"]
     if spec.suite in UBUNTU_SUITES:
@@ -153,7 +155,7 @@ def _build(spec: ImageSpec, root: Path) -> None:
     log(f"building base image {spec.suite} from {spec.mirror} (debootstrap, a few minutes) ...")
     t0 = time.monotonic()
     try:
-        run(_debootstrap_args(spec, target), timeout=1800)
+        run(debootstrap_args(spec, target), timeout=1800)
     except StagingError as e:
         log_file = target / "debootstrap" / "debootstrap.log"
         tail = log_file.read_text(errors="replace")[-1500:] if log_file.is_file() else ""
