@@ -1,0 +1,23 @@
+"""The `vlfleet` console script behaves like `fab` with the project's tasks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+VLFLEET = str(Path(sys.executable).with_name("vlfleet"))
+
+
+def test_list_shows_the_task_collection():
+    out = subprocess.run([VLFLEET, "--list"], capture_output=True, text=True, check=True).stdout
+    for name in ("model.synth", "model.convert", "serve"):
+        assert name in out
+
+
+def test_bad_shape_is_a_clear_error(tmp_path):
+    result = subprocess.run([VLFLEET, "model.synth", "--shape", "7b", "--out", str(tmp_path / "x")],
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "--shape must be one of: tiny, 2b" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr

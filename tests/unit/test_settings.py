@@ -1,0 +1,31 @@
+"""Service settings: defaults, parsing, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.settings import FIELDS, SettingsError, load
+
+
+def test_defaults_are_safe():
+    s = load({"VLFLEET_MODEL_DIR": "/m"})
+    assert s.host == "127.0.0.1"  # loopback: nginx is the public entry
+    assert s.max_tokens == 128 and s.image_max_side == 448
+    assert s.image_url_domains == ()
+
+
+def test_values_are_parsed():
+    s = load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_PORT": "9000", "VLFLEET_WARMUP": "off",
+              "VLFLEET_IMAGE_URL_DOMAINS": "Example.com, images.test"})
+    assert s.port == 9000 and s.warmup is False
+    assert s.image_url_domains == ("example.com", "images.test")
+
+
+@pytest.mark.parametrize("field", FIELDS, ids=lambda f: f.env)
+def test_every_field_documents_itself(field):
+    assert field.env.startswith("VLFLEET_") and field.help.endswith(".") and field.accepts
+
+
+def test_error_names_variable_and_allowed_values():
+    with pytest.raises(SettingsError, match=r"VLFLEET_DEVICE='GPU' is not valid: expected CPU"):
+        load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_DEVICE": "GPU"})
