@@ -311,6 +311,10 @@ def fetch_hf(repo: str, revision: str | None = None, *, out: Path | None = None,
         raise FetchError(f"{where}: repository not found or not accessible with the given token; check the repo "
                          "id, and set HF_TOKEN (or --token-file) for private or gated repos") from e
     except hf_errors.HfHubHTTPError as e:
+        status = getattr(e.response, "status_code", None)
+        if status in (401, 403):
+            raise FetchError(f"{where} refused the token (HTTP {status}); set HF_TOKEN or --token-file to a token "
+                             "that can read this repo (for gated repos, accept the licence on the hub first)") from e
         raise FetchError(f"{where} answered {_scrub(str(e).splitlines()[0], token)}; check the endpoint "
                          "(HF_ENDPOINT) and the token") from e
     except requests.RequestException as e:
