@@ -157,3 +157,25 @@ def run_playbook(
             run.tasks = report.get("tasks", [])
             run.duration = report.get("duration", 0.0)
         return run
+
+
+def host_python_versions(inventory: Path | str, pattern: str = "vlm", timeout: float = 120) -> dict[str, str]:
+    """Ask every host matching ``pattern`` for its python3 version ("3.10"), with an ad-hoc ansible call."""
+    binary = ansible_playbook_binary().replace("ansible-playbook", "ansible")
+    code = "import sys; print('%d.%d' % sys.version_info[:2])"
+    cmd = [binary, pattern, "-i", str(inventory), "-o", "-m", "ansible.builtin.command",
+           "-a", f'python3 -c "{code}"']
+    try:
+        done = subprocess.run(cmd, env=ansible_env(), cwd=repo_root(), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise PlaybookError(f"asking the hosts for their Python version timed out after {timeout:.0f} s") from e
+    versions: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        # "host | CHANGED | rc=0 | (stdout) 3.11"
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) >= 4 and parts[3].startswith("(stdout)"):
+            versions[parts[0]] = parts[3].removeprefix("(stdout)").strip()
+    if done.returncode != 0 or not versions:
+        raise PlaybookError(f"could not read the Python version of the {pattern} hosts:\n{done.stdout}{done.stderr}")
+    return versions

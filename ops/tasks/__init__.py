@@ -7,10 +7,12 @@ from invoke import Collection
 
 def namespace() -> Collection:
     # Imported here so `vlfleet --help` does not pay for every area's imports up front.
-    from ops.tasks import model, serve, staging
+    from ops.tasks import bench, model, serve, site, staging
 
     ns = Collection()
     ns.add_collection(Collection.from_module(model), name="model")
     ns.add_task(serve.serve)
+    ns.add_collection(Collection.from_module(bench), name="bench")
     ns.add_collection(Collection.from_module(staging), name="staging")
+    ns.add_task(site.site)
     return ns

@@ -1,0 +1,87 @@
+"""`vlfleet site`: make sure the wheelhouse and the model artifact exist, then converge the fleet with site.yml."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from invoke import Exit, task
+
+
+def _artifact_dir(artifact: str) -> Path:
+    if artifact == "tiny":
+        from ops.model.cache import tiny_artifact
+
+        return tiny_artifact()
+    path = Path(artifact).expanduser()
+    if not (path / "manifest.json").is_file():
+        raise Exit(f"--artifact {path}: no manifest.json there. Build an artifact with `vlfleet model.build`, "
+                   f"or pass --artifact tiny for the synthetic staging model")
+    return path
+
+
+def _wheelhouse_dir(wheelhouse: str | None, python: str, inventory: Path) -> Path:
+    if wheelhouse:
+        path = Path(wheelhouse).expanduser()
+        if not (path / "requirements.txt").is_file():
+            raise Exit(f"--wheelhouse {path}: no requirements.txt there. Build one with "
+                       f"`vlfleet wheelhouse.build --python X.Y --out DIR`")
+        return path
+    if python == "auto":
+        from ops.playbook import PlaybookError, host_python_versions
+
+        try:
+            versions = host_python_versions(inventory)
+        except PlaybookError as e:
+            raise Exit(f"site: {e}") from e
+        if len(set(versions.values())) != 1:
+            raise Exit("site: the vlm hosts run different Python versions "
+                       f"({json.dumps(versions)}); run `vlfleet site` per group with --limit and --python")
+        python = next(iter(versions.values()))
+        print(f"[site] hosts run Python {python}")
+    try:
+        from ops import wheelhouse as wheelhouse_mod
+    except ImportError as e:
+        raise Exit("site: ops.wheelhouse is not available; pass --wheelhouse DIR built for the hosts' Python") from e
+    print(f"[site] building (or reusing) the wheelhouse for Python {python} ...")
+    return Path(wheelhouse_mod.ensure(python=python))
+
+
+@task(help={
+    "inventory": "Ansible inventory (see inventory.example); default: ./inventory.yml",
+    "artifact": "model artifact directory (from `vlfleet model.build`), or 'tiny' for the synthetic staging model",
+    "wheelhouse": "host wheelhouse directory; default: built for the hosts' Python (see --python)",
+    "python": "hosts' Python version for the wheelhouse (3.10, 3.11) or 'auto' to ask the hosts (default)",
+    "check": "dry run: report what would change, change nothing (ansible --check --diff)",
+    "limit": "only these hosts or groups (ansible --limit)",
+    "tags": "only these role tags, comma-separated (e.g. vlm_service,lb)",
+    "extra": "more variables as JSON, e.g. '{\"lb_drained_hosts\": [\"vlm2\"]}'",
+})
+def site(c, inventory="inventory.yml", artifact=None, wheelhouse=None, python="auto", check=False, limit=None,
+         tags=None, extra=None):
+    """Converge the fleet: CPU check, swap, limits, tuning, release venv, model, service, nginx (site.yml)."""
+    from ops.playbook import PlaybookError, run_playbook
+
+    inv = Path(inventory).expanduser()
+    if not inv.is_file():
+        raise Exit(f"site: inventory {inv} not found; copy inventory.example, or use the one `vlfleet staging.up` "
+                   f"prints")
+    if not artifact:
+        raise Exit("site: --artifact is required: a directory from `vlfleet model.build`, or 'tiny' for the "
+                   "synthetic staging model")
+    extra_vars: dict = {}
+    if extra:
+        try:
+            extra_vars = dict(json.loads(extra))
+        except (ValueError, TypeError) as e:
+            raise Exit(f"site: --extra must be a JSON object: {e}") from e
+    extra_vars["vlfleet_artifact_dir"] = str(_artifact_dir(artifact))
+    extra_vars["vlfleet_wheelhouse_dir"] = str(_wheelhouse_dir(wheelhouse, python, inv))
+    try:
+        run = run_playbook(inv, "site.yml", extra_vars, check=bool(check), diff=bool(check), limit=limit,
+                           tags=[t for t in (tags or "").split(",") if t])
+    except PlaybookError as e:
+        raise Exit(f"site: {e}") from e
+    print("\n[site] per host:\n" + run.summary())
+    if not run.ok:
+        raise Exit(f"site: ansible-playbook failed (exit {run.returncode}); see the failures above", code=1)

@@ -1,0 +1,118 @@
+"""Roles, playbooks and templates: ansible-lint (production profile), syntax check, and the templates rendered with
+plain Jinja2 (as Fabric renders them) and checked by the tools that consume them (systemd-analyze, nginx -t)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+from tests.prereq import require_tools
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
+
+
+def _render(name: str, **variables) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True)
+    return env.get_template(name).render(**variables)
+
+
+UNIT_VARS = dict(
+    vlm_service_name="vlfleet", vlm_service_user="vlfleet", vlm_service_group="vlfleet",
+    vlm_service_root="/opt/vlfleet", vlm_service_limit_nofile=65535, vlm_service_memory_high_mb=2400,
+    vlm_service_memory_max_mb=2700, vlm_service_restart_sec=5, vlm_service_start_limit_burst=5,
+    vlm_service_start_limit_interval_sec=600, vlm_service_timeout_stop_sec=60,
+)
+
+
+def test_ansible_lint_production_profile():
+    linter = BIN / "ansible-lint"
+    if not linter.exists():
+        pytest.fail("ansible-lint missing from the venv: install the test extra")
+    done = subprocess.run([str(linter), "--profile", "production", "--offline", "--nocolor", "-f", "pep8",
+                           "roles", "ops/playbooks"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_site_playbook_syntax():
+    from ops.playbook import ansible_env
+
+    done = subprocess.run([str(BIN / "ansible-playbook"), "--syntax-check", "-i", "inventory.example",
+                           "ops/playbooks/site.yml"], cwd=REPO, env=ansible_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_default_is_documented_in_argument_specs(role: str):
+    # Each input is documented twice (defaults + argument_specs), the node_exporter habit.
+    defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+    specs = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"].get("options", {})
+    assert set(defaults) <= set(options), f"undocumented in argument_specs: {set(defaults) - set(options)}"
+    for name, spec in options.items():
+        assert name.startswith(role + "_"), f"{name} lacks the role prefix"
+        assert spec.get("description"), f"{name} has no description"
+
+
+def test_templates_need_only_plain_jinja2():
+    # No Ansible-only filters (comment, to_json, bool, ...): Fabric renders the same files with plain jinja2.
+    for path in (REPO / "templates").glob("*.j2"):
+        env = jinja2.Environment()
+        env.from_string(path.read_text())  # compiling fails on a filter plain jinja2 lacks
+        assert "ansible_managed" not in path.read_text(), path.name
+
+
+def test_unit_exposure_is_at_most_3():
+    require_tools("systemd-analyze")
+    version = subprocess.run(["systemd-analyze", "--version"], capture_output=True, text=True).stdout
+    if int(re.search(r"systemd (\d+)", version).group(1)) < 250:
+        pytest.skip("systemd-analyze security --offline needs systemd >= 250")
+    unit_dir = Path(tempfile.mkdtemp(prefix="vlfleet-unit-"))
+    try:
+        (unit_dir / "vlfleet.service").write_text(_render("vlfleet.service.j2", **UNIT_VARS))
+        done = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", "vlfleet.service"],
+                              cwd=unit_dir, capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(unit_dir)
+    found = re.search(r"Overall exposure level for vlfleet.service: ([0-9.]+)", done.stdout)
+    assert found, done.stdout + done.stderr
+    assert float(found.group(1)) <= 3.0, done.stdout
+    assert "MemoryDenyWriteExecute=yes" not in _render("vlfleet.service.j2", **UNIT_VARS)
+
+
+def test_unit_carries_the_contract():
+    unit = _render("vlfleet.service.j2", **UNIT_VARS)
+    for line in ("LimitNOFILE=65535", "Restart=on-failure", "MemoryHigh=2400M", "MemoryMax=2700M",
+                 "User=vlfleet", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+                 "CacheDirectory=vlfleet", "ExecStart=/opt/vlfleet/current/venv/bin/python -m service.launcher"):
+        assert line in unit.splitlines(), line
+
+
+def test_nginx_site_is_valid_and_drains(tmp_path: Path):
+    require_tools("nginx")
+    upstreams = [{"name": "c1", "address": "10.0.0.11", "port": 8000, "down": False},
+                 {"name": "c2", "address": "10.0.0.12", "port": 8000, "down": True}]
+    site = _render("nginx-vlfleet.conf.j2", lb_upstreams=upstreams, lb_listen_port=18080, lb_listen_ipv6=False,
+                   lb_max_fails=2, lb_fail_timeout=10, lb_keepalive=16, lb_read_timeout=600, lb_connect_timeout=3,
+                   lb_client_max_body_mb=24)
+    assert re.search(r"server 10\.0\.0\.12:8000 .* down;", site)
+    assert not re.search(r"server 10\.0\.0\.11:8000 .* down;", site)
+    assert "proxy_buffering off;" in site and "proxy_http_version 1.1;" in site
+    (tmp_path / "site.conf").write_text(site)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "nginx.conf").write_text(
+        "pid nginx.pid; error_log stderr; events {} http { access_log off; include site.conf; }\n")
+    done = subprocess.run(["nginx", "-t", "-q", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
