@@ -11,6 +11,7 @@ def namespace() -> Collection:
 
     ns = Collection()
     ns.add_collection(Collection.from_module(model), name="model")
+    ns.add_collection(Collection.from_module(wheelhouse), name="wheelhouse")
     ns.add_task(serve.serve)
     ns.add_collection(Collection.from_module(bench), name="bench")
     ns.add_collection(Collection.from_module(staging), name="staging")
