@@ -7,7 +7,7 @@ from invoke import Collection
 
 def namespace() -> Collection:
     # Imported here so `vlfleet --help` does not pay for every area's imports up front.
-    from ops.tasks import bench, model, serve, site, staging
+    from ops.tasks import bench, model, serve, site, staging, wheelhouse
 
     ns = Collection()
     ns.add_collection(Collection.from_module(model), name="model")
