@@ -1,0 +1,102 @@
+"""The fixed inputs every benchmark shares, and the two ways of timing one answer."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from PIL import Image
+
+PROMPT = "Describe this image in detail."
+
+
+def test_image(width: int = 416, height: int = 277, seed: int = 0) -> bytes:
+    """A deterministic photo-like PNG (smooth gradients plus noise), the same bytes in every run."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], axis=-1)
+    pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+@dataclass
+class Sample:
+    first_token_s: float
+    total_s: float
+    tokens: int
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * (self.total_s - self.first_token_s) / max(1, self.tokens - 1)
+
+
+def summarize(samples: list[Sample]) -> dict:
+    return {
+        "runs": len(samples),
+        "first_token_s": statistics.median(s.first_token_s for s in samples),
+        "ms_per_token": statistics.median(s.ms_per_token for s in samples),
+        "total_s": statistics.median(s.total_s for s in samples),
+        "tokens": samples[0].tokens if samples else 0,
+        "samples": [asdict(s) | {"ms_per_token": s.ms_per_token} for s in samples],
+    }
+
+
+def in_process(pipe, png: bytes, tokens: int, prompt: str = PROMPT) -> Sample:
+    """One answer from a VLMPipeline in this process, timed at the streamer callback."""
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)[None]
+    cfg = ov_genai.GenerationConfig()
+    cfg.max_new_tokens = cfg.min_new_tokens = tokens
+    cfg.ignore_eos = True
+    first: list[float] = []
+
+    def streamer(_text: str):
+        if not first:
+            first.append(time.perf_counter())
+        return ov_genai.StreamingStatus.RUNNING
+
+    started = time.perf_counter()
+    result = pipe.generate(prompt, images=[ov.Tensor(pixels)], generation_config=cfg, streamer=streamer)
+    ended = time.perf_counter()
+    return Sample(first[0] - started, ended - started, int(result.perf_metrics.get_num_generated_tokens()))
+
+
+def over_http(url: str, png: bytes, tokens: int, prompt: str = PROMPT, timeout: float = 600) -> Sample:
+    """One answer through POST /v1/chat/completions with stream: true, timed at the client."""
+    import requests
+
+    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png)}},
+                                                      {"type": "text", "text": prompt}]}],
+            "max_tokens": tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first = ended = None
+    usage = 0
+    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=timeout) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]["completion_tokens"]
+            for choice in chunk["choices"]:
+                if choice["delta"].get("content") and first is None:
+                    first = time.perf_counter()
+                if choice["finish_reason"]:
+                    ended = time.perf_counter()
+    if first is None or ended is None:
+        raise RuntimeError("stream ended without tokens")
+    return Sample(first - started, ended - started, usage)
