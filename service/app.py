@@ -14,6 +14,7 @@ from flask import Flask, g, request
 from service import auth, errors, image_source
 from service.engine import Engine
 from service.images import ImageLimits
+from service.memory_guard import MemoryGuard, cgroup_memory_high
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -43,8 +44,13 @@ def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = T
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     metrics = Metrics()
     limits = ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.image_max_side)
-    state = State(settings, Engine(settings, metrics, pipeline_factory), metrics, limits,
-                  auth.load_keys(settings.api_keys_file), _artifact_id(settings))
+    artifact_id = _artifact_id(settings)
+    limit_mb = settings.memory_limit_mb
+    guard = MemoryGuard(limit_mb * 2**20 if limit_mb else cgroup_memory_high(), settings.memory_high_water,
+                        settings.memory_low_water, metrics=metrics)
+    engine = Engine(settings, metrics, pipeline_factory, model_id=artifact_id or "", memory=guard)
+    guard.on_trim = engine.trim
+    state = State(settings, engine, metrics, limits, auth.load_keys(settings.api_keys_file), artifact_id)
     state.load_image = functools.partial(_load_image, limits=limits, domains=settings.image_url_domains)
     metrics.model.info({"model": settings.model_name, "artifact_id": state.artifact_id or "",
                         "release_id": settings.release_id, "model_dir": str(settings.model_dir)})
@@ -55,6 +61,7 @@ def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = T
         app.register_blueprint(bp)
     _instrument(app, state)
     if start_engine:
+        guard.start()
         state.engine.start()
     return app
 

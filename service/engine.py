@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from service.answer_cache import AnswerCache, CachedAnswer, cache_key
 from service.conversation import Conversation, Sampling, Timings, Turn
 from service.errors import APIError, Overloaded
 from service.sessions import Session, SessionStore
@@ -29,10 +30,11 @@ KEEPALIVE = ("keepalive", None)
 class Job:
     """One request's life in the engine; HTTP threads read ``events()``, the inference thread writes."""
 
-    def __init__(self, conversation: Conversation, sampling: Sampling, request_id: str):
+    def __init__(self, conversation: Conversation, sampling: Sampling, request_id: str, cache_key: str | None = None):
         self.conversation = conversation
         self.sampling = sampling
         self.request_id = request_id
+        self.cache_key = cache_key
         self.enqueued_at = time.monotonic()
         self.cancelled = threading.Event()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
@@ -73,12 +75,30 @@ class Job:
                 return
 
 
+def replay(conversation: Conversation, sampling: Sampling, request_id: str, answer: CachedAnswer) -> Job:
+    """A finished job whose events are a cached answer, in the order a generation would produce them."""
+    job = Job(conversation, sampling, request_id)
+    job._state = FINISHED
+    job.put("started", {"reused_session": False, "images": len(conversation.images), "cache": "hit"})
+    for piece in answer.pieces:
+        job.put("token", piece)
+    timings = Timings(first_token_s=0.0, prompt_tokens=answer.prompt_tokens,
+                      completion_tokens=answer.completion_tokens)
+    job.put("done", {"finish_reason": answer.finish_reason, "text": "".join(answer.pieces), "timings": timings,
+                     "session": None})
+    return job
+
+
 class Engine:
     """Owns the pipeline and the inference thread. ``pipeline_factory`` builds the pipeline in that thread."""
 
-    def __init__(self, settings, metrics=None, pipeline_factory=None):
+    def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         self.settings = settings
         self.metrics = metrics
+        self.model_id = model_id or str(settings.model_dir)
+        self.memory = memory  # MemoryGuard or None
+        self.answers = AnswerCache(int(settings.answer_cache_mb * 2**20), settings.answer_cache_entries)
+        self._trim_sessions = threading.Event()
         self._factory = pipeline_factory or (lambda: load_pipeline(settings))
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_size)
         self._sessions = SessionStore(capacity=64)
@@ -92,6 +112,11 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
+    def trim(self) -> None:
+        """Drop what can be rebuilt: cached answers now, cached conversations on the inference thread."""
+        self.answers.clear()
+        self._trim_sessions.set()
+
     @property
     def queue_depth(self) -> int:
         return self._queue.qsize()
@@ -100,7 +125,19 @@ class Engine:
         if not self.ready.is_set():
             raise Overloaded(self.failed or "model is still loading; retry when /readyz returns 200", 503,
                              retry_after=5)
-        job = Job(conversation, sampling, request_id)
+        if self.memory is not None and self.memory.shedding:
+            if self.metrics:
+                self.metrics.shed.inc()
+            raise Overloaded(self.memory.reason() + "; retry later", 503, retry_after=10)
+        key = cache_key(conversation, sampling, self.model_id)
+        answer = self.answers.get(key)
+        if answer is not None:
+            if self.metrics:
+                self.metrics.cache_hits.inc()
+            return replay(conversation, sampling, request_id, answer)
+        if key is not None and self.answers.enabled and self.metrics:
+            self.metrics.cache_misses.inc()
+        job = Job(conversation, sampling, request_id, key)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -127,6 +164,9 @@ class Engine:
             return
         while True:
             job = self._queue.get()
+            if self._trim_sessions.is_set():
+                self._trim_sessions.clear()
+                self._sessions.clear()
             if self.metrics:
                 self.metrics.queue_depth.set(self._queue.qsize())
             if not job._transition(QUEUED, RUNNING):
@@ -158,7 +198,7 @@ class Engine:
         timings = Timings(queued_s=started - job.enqueued_at)
         session, images, asked = self._prepare(conv)
         timings.reused_session = session.reused
-        job.put("started", {"reused_session": session.reused, "images": len(images)})
+        job.put("started", {"reused_session": session.reused, "images": len(images), "cache": "miss"})
         pieces: list[str] = []
 
         def streamer(text: str):
@@ -191,6 +231,11 @@ class Engine:
             session.reused = True
             key = session.key
             self._sessions.put(session)
+        if finish != "cancelled" and job.cache_key is not None:
+            self.answers.put(job.cache_key, CachedAnswer(tuple(pieces), finish, timings.prompt_tokens,
+                                                         timings.completion_tokens))
+            if self.metrics:
+                self.metrics.cache_bytes.set(self.answers.bytes)
         job.put("done", {"finish_reason": finish, "text": text, "timings": timings, "session": key})
 
     def _prepare(self, conv: Conversation) -> tuple[Session, list, Turn]:

@@ -34,6 +34,9 @@ def readyz():
         body["reason"] = engine.failed
     elif not engine.ready.is_set():
         body["reason"] = "model loading"
+    elif engine.memory is not None and engine.memory.shedding:
+        body["ready"] = False
+        body["reason"] = engine.memory.reason()
     return jsonify(body), 200 if body["ready"] else 503
 
 

@@ -30,5 +30,13 @@ class Metrics:
                                      registry=r)
         self.cancelled = Counter("vlfleet_cancelled_requests", "Generations stopped because the client went away",
                                  registry=r)
+        self.cache_hits = Counter("vlfleet_answer_cache_hits", "Requests answered from the answer cache", registry=r)
+        self.cache_misses = Counter("vlfleet_answer_cache_misses", "Cacheable requests not in the answer cache",
+                                    registry=r)
+        self.cache_bytes = Gauge("vlfleet_answer_cache_bytes", "Bytes held by the answer cache", registry=r)
+        self.shed = Counter("vlfleet_shed_requests", "Requests refused because of memory pressure", registry=r)
+        self.shedding = Gauge("vlfleet_shedding", "1 while new requests are shed for memory pressure", registry=r)
+        self.memory_pressure = Gauge("vlfleet_memory_pressure", "Memory in use as a share of the limit", registry=r)
+        self.rss = Gauge("vlfleet_process_rss_bytes", "Resident memory of the service process", registry=r)
         self.ready = Gauge("vlfleet_ready", "1 when the model is loaded and warmed up", registry=r)
         self.model = Info("vlfleet_model", "Model and release served by this process", registry=r)

@@ -117,6 +117,19 @@ FIELDS: tuple[Field, ...] = (
           "a file path"),
     Field("model_cache_dir", _path, None, "OpenVINO compiled-model cache directory (faster restarts).",
           "a directory path"),
+    Field("answer_cache_mb", _float_range(0, 65536), 64.0,
+          "Memory for cached answers to identical deterministic requests, in MiB; 0 = cache off.",
+          "a number 0-65536"),
+    Field("answer_cache_entries", _int_range(0, 10_000_000), 1024, "Most answers kept in the answer cache.",
+          "an integer 0-10000000"),
+    Field("memory_limit_mb", _int_range(0, 1 << 24), 0,
+          "Memory the process may use, in MiB, for load shedding; 0 = the unit's MemoryHigh (cgroup) if set.",
+          "an integer >= 0"),
+    Field("memory_high_water", _float_range(0.05, 1.0), 0.80,
+          "Above this share of the memory limit (or of system memory in use) new requests get 503.",
+          "a fraction 0.05-1.0"),
+    Field("memory_low_water", _float_range(0.05, 1.0), 0.70,
+          "Below this share, requests are admitted again after shedding.", "a fraction 0.05-1.0"),
     Field("warmup", _bool, True, "Run one generation at start before /readyz turns 200.", "true or false"),
     Field("release_id", str, "", "Release this process belongs to (shown in /readyz and /metrics).", "a string"),
     Field("log_level", _choice("debug", "info", "warning", "error"), "info", "Log level of the JSON logs.",
@@ -157,6 +170,9 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
         except ValueError:
             raise SettingsError(f"{f.env}={raw!r} is not valid: expected {f.accepts}") from None
     settings = Settings(values).replace(**overrides)
+    if settings.memory_low_water >= settings.memory_high_water:
+        raise SettingsError(f"{PREFIX}MEMORY_LOW_WATER ({settings.memory_low_water}) must be below "
+                            f"{PREFIX}MEMORY_HIGH_WATER ({settings.memory_high_water})")
     if settings.model_dir is None:
         raise SettingsError(f"{PREFIX}MODEL_DIR is not set: point it at a converted model artifact directory")
     return settings

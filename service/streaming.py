@@ -38,7 +38,8 @@ class JobStream:
             if kind == "started":
                 self.started = payload
             self._head.append((kind, payload))
-            return {"X-Session-Reused": "1" if self.started.get("reused_session") else "0"}
+            return {"X-Session-Reused": "1" if self.started.get("reused_session") else "0",
+                    "X-Cache": self.started.get("cache", "miss")}
         raise APIError("job ended without events", 500)
 
     def events(self) -> Iterator[tuple[str, Any]]:

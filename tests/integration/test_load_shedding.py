@@ -1,0 +1,90 @@
+"""Under memory pressure the service sheds new work (503), finishes what it admitted, and recovers by itself."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import threading
+import time
+
+import numpy as np
+import requests
+from PIL import Image
+
+from tests import servers
+from tests.integration.conftest import image_message
+
+CHAT = "/v1/chat/completions"
+
+
+def gauge(server, name: str) -> float:
+    text = servers.get(server.url + "/metrics")[1]
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def noise_png(width: int, height: int) -> bytes:
+    """Incompressible pixels: a big body that the server holds in memory while it answers."""
+    pixels = np.random.default_rng(1).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG", compress_level=0)
+    return buf.getvalue()
+
+
+def poll(predicate, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_burst_sheds_then_recovers(service, tiny_model, tmp_path):
+    # Size the limit from a running twin so the idle service sits below the marks and a burst crosses them.
+    idle_mb = gauge(service, "vlfleet_process_rss_bytes") / 2**20
+    limit_mb = math.ceil((idle_mb + 90) / 0.9)
+    server = servers.start(tiny_model, tmp_path, VLFLEET_MEMORY_LIMIT_MB=str(limit_mb),
+                           VLFLEET_MEMORY_HIGH_WATER="0.9", VLFLEET_MEMORY_LOW_WATER="0.8",
+                           VLFLEET_MAX_TOKENS="4096", VLFLEET_ANSWER_CACHE_MB="0")
+    try:
+        assert servers.get(server.url + "/readyz")[0] == 200, "idle service already over the mark"
+        big = image_message("Describe.", noise_png(2000, 1500))
+        results: list[requests.Response] = []
+
+        def burst_request():
+            body = {"messages": [big], "max_tokens": 4096, "ignore_eos": True}
+            results.append(requests.post(server.url + CHAT, json=body, timeout=300))
+
+        burst = [threading.Thread(target=burst_request) for _ in range(5)]
+        for t in burst:
+            t.start()
+            time.sleep(0.3)
+        shed_after = poll(lambda: servers.get(server.url + "/readyz")[0] == 503, 60, "/readyz to report shedding")
+        status, ready = servers.get(server.url + "/readyz")
+        assert status == 503 and "shedding load: memory" in ready.get("reason", "")
+        refused = requests.post(server.url + CHAT, json={"messages": [image_message()], "max_tokens": 2}, timeout=30)
+        assert refused.status_code == 503
+        assert int(refused.headers["Retry-After"]) > 0
+        assert "memory" in refused.json()["error"]["message"]
+
+        for t in burst:
+            t.join(timeout=300)
+        admitted = [r for r in results if r.status_code == 200]
+        assert admitted, [r.status_code for r in results]
+        for r in admitted:  # what was admitted before shedding ran to the end
+            assert r.json()["usage"]["completion_tokens"] == 4096
+        for r in results:
+            assert r.status_code in (200, 503), r.text
+        recovered_after = poll(lambda: servers.get(server.url + "/readyz")[0] == 200, 90, "recovery")
+        assert gauge(server, "vlfleet_shed_requests_total") >= 1
+        ok = requests.post(server.url + CHAT, json={"messages": [image_message()], "max_tokens": 2}, timeout=60)
+        assert ok.status_code == 200
+        print(f"limit {limit_mb} MiB; shedding {shed_after:.1f}s into the burst; recovered {recovered_after:.1f}s "
+              f"after the burst ended; {len(admitted)}/{len(results)} burst requests admitted")
+    finally:
+        server.stop()
+    log = server.log()
+    assert '"msg": "memory pressure: shedding new requests"' in log
+    assert '"msg": "memory pressure relieved: admitting requests again"' in log

@@ -1,0 +1,56 @@
+"""The answer cache: keys that change with every input that changes the answer, and a byte bound."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.answer_cache import ENTRY_OVERHEAD, AnswerCache, CachedAnswer, cache_key
+from service.conversation import Conversation, Sampling, Turn
+from service.images import PreparedImage
+
+
+def image(value: int) -> PreparedImage:
+    pixels = np.full((1, 4, 4, 3), value, dtype=np.uint8)
+    return PreparedImage(pixels, f"digest-{value}", (4, 4))
+
+
+def conv(text="What is it?", value=1) -> Conversation:
+    return Conversation((Turn("user", text, (image(value),)),))
+
+
+def test_key_changes_with_image_text_and_parameters():
+    base = cache_key(conv(), Sampling(16), "m")
+    assert base == cache_key(conv(), Sampling(16), "m")
+    assert base != cache_key(conv(value=2), Sampling(16), "m")
+    assert base != cache_key(conv("What is this?"), Sampling(16), "m")
+    assert base != cache_key(conv(), Sampling(17), "m")
+    assert base != cache_key(conv(), Sampling(16), "other-artifact")
+
+
+def test_key_never_contains_the_image():
+    key = cache_key(conv(), Sampling(16), "m")
+    assert len(key) == 64 and "digest" not in key
+
+
+def test_sampling_without_seed_is_not_cacheable():
+    assert cache_key(conv(), Sampling(16, temperature=0.7), "m") is None
+    assert cache_key(conv(), Sampling(16, temperature=0.7, seed=3), "m") is not None
+
+
+def test_bytes_and_entries_stay_bounded():
+    cache = AnswerCache(max_bytes=10 * (ENTRY_OVERHEAD + 100), max_entries=1000)
+    for i in range(100):
+        cache.put(f"k{i}", CachedAnswer(("x" * 100,), "length", 5, 100))
+        assert cache.bytes <= cache.max_bytes
+    assert len(cache) == 10
+    assert cache.get("k99") is not None and cache.get("k0") is None
+    small = AnswerCache(max_bytes=1 << 20, max_entries=3)
+    for i in range(5):
+        small.put(f"k{i}", CachedAnswer(("y",), "stop", 1, 1))
+    assert len(small) == 3
+
+
+def test_disabled_cache_stores_nothing():
+    cache = AnswerCache(0, 10)
+    cache.put("k", CachedAnswer(("x",), "stop", 1, 1))
+    assert cache.get("k") is None
