@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ops.staging import network
 from ops.staging.hostfs import personalise
-from ops.staging.resources import proc_start_time
+from ops.staging.resources import adopt, proc_start_time
 from ops.staging.state import HostRecord, StateStore
 from ops.staging.system import StagingError, log, run
 
@@ -47,6 +47,7 @@ def start(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, pubkey
     with open(console, "wb") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+    adopt(proc)
     start_time = proc_start_time(proc.pid)
     if not start_time:
         raise StagingError(f"{rec.name}: systemd-nspawn exited at once; see {console}")

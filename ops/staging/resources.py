@@ -11,6 +11,14 @@ from pathlib import Path
 
 from ops.staging.state import Resource
 
+# Host processes started by this Python process, kept referenced: a collected Popen of a still-running child
+# warns, and keeping it lets `_reap` collect the exit status once `down` stops it.
+_children: dict[int, subprocess.Popen] = {}
+
+
+def adopt(proc: subprocess.Popen) -> None:
+    _children[proc.pid] = proc
+
 
 def proc_start_time(pid: int) -> str:
     """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat): pid plus this identifies one process."""
@@ -99,5 +107,10 @@ def _stop_process(res: Resource, timeout: float) -> None:
 
 
 def _reap(pid: int) -> None:
+    proc = _children.get(pid)
+    if proc is not None:
+        if proc.poll() is not None:
+            _children.pop(pid, None)
+        return
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)

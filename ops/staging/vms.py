@@ -20,7 +20,7 @@ from ops.paths import cache_root
 from ops.staging import network
 from ops.staging.containers import overlay_root
 from ops.staging.hostfs import personalise
-from ops.staging.resources import proc_start_time, remove
+from ops.staging.resources import adopt, proc_start_time, remove
 from ops.staging.state import HostRecord, StateStore
 from ops.staging.system import StagingError, log, require_tools, run
 
@@ -145,6 +145,7 @@ def launch(store: StateStore, rec: HostRecord, disk: Path, tap: str, host_dir: P
     with open(errlog, "wb") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+    adopt(proc)
     time.sleep(0.5)
     start_time = proc_start_time(proc.pid)
     if proc.poll() is not None or not start_time:

@@ -1,0 +1,64 @@
+"""Staging fleets shared by every e2e test: brought up once per session, torn down at its end.
+
+`staging_fleet`: 2 nspawn containers (c1, c2) + 1 qemu VM (vm1) in group `vlm`, container lb1 in group `lb`.
+`noavx2_fleet`: one VM (vm1) whose CPU lacks AVX2, for the cpu_check role; started only if a test asks for it.
+Both reuse a fleet of the same name that is already up (up is idempotent). Set VLFLEET_KEEP_FLEET=1 to keep them
+after the session (e.g. to debug with `vlfleet staging.ssh c1 --name e2e`), and VLFLEET_E2E_FLEET to rename them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.prereq import require, require_tools
+
+E2E_FLEET = os.environ.get("VLFLEET_E2E_FLEET", "e2e")
+KEEP = os.environ.get("VLFLEET_KEEP_FLEET") == "1"
+STAGING_TOOLS = ("debootstrap", "systemd-nspawn", "qemu-system-x86_64", "mkfs.ext4", "ip", "ssh", "ssh-keygen")
+
+
+def require_staging() -> None:
+    """Skip (fail under VLFLEET_REQUIRE_ALL=1) on a machine that cannot run staging fleets."""
+    require_tools(*STAGING_TOOLS, root=True)
+    require(any(Path("/boot").glob("vmlinuz-*")), "needs a kernel in /boot for VM hosts (linux-image-amd64)")
+
+
+def _fleet(name: str, **kwargs) -> Iterator:
+    from ops.staging import fleet
+    from ops.staging.system import StagingError
+
+    require_staging()
+    try:
+        f = fleet.up(name, **kwargs)
+    except StagingError as e:
+        problems = [] if KEEP else fleet.down(name)
+        pytest.fail(f"staging fleet {name!r} did not come up: {e}" + (f"\nleft behind: {problems}" if problems
+                                                                        else ""), pytrace=False)
+    yield f
+    if not KEEP:
+        problems = fleet.down(name)
+        assert not problems, f"staging fleet {name!r} left objects behind: {problems}"
+
+
+@pytest.fixture(scope="session")
+def staging_fleet():
+    """The standard e2e fleet (`ops.staging.fleet.Fleet`): c1, c2, vm1 in `vlm`, lb1 in `lb`."""
+    yield from _fleet(E2E_FLEET, containers=2, vms=1, lb=True)
+
+
+@pytest.fixture(scope="session")
+def noavx2_fleet():
+    """A one-VM fleet whose CPU has no AVX2 (qemu `-cpu max,-avx2`), group `vlm`, no lb."""
+    from ops.staging.vms import NO_AVX2_CPU
+
+    yield from _fleet(f"{E2E_FLEET}-noavx2", containers=0, vms=1, lb=False, vm_cpu=NO_AVX2_CPU, vm_memory_mb=2048)
+
+
+@pytest.fixture(scope="session")
+def staging_inventory(staging_fleet) -> Path:
+    """Path of the e2e fleet's Ansible inventory (for ansible-playbook -i / testinfra ansible://)."""
+    return staging_fleet.inventory_path
