@@ -1,0 +1,459 @@
+"""The pre-launch checklist, as testinfra tests: one test per registry check id (ops/preflight/registry.py).
+
+Run it three ways: `vlfleet preflight` (the fleet, one pytest per host in parallel), plain pytest::
+
+    PATH=$PWD/.venv/bin:$PATH pytest -p no:cacheprovider ops/preflight/test_checklist.py \
+        --hosts='ansible://vlm' --ansible-inventory=INVENTORY [--preflight-json out.json] [--preflight-junit out.xml]
+
+or the `preflight` Ansible role (ops/playbooks/preflight.yml). What a failure means and how to fix it lives in the
+registry, not here; a test asserts one fact, with a message that says what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+import pytest
+
+from ops.preflight import hostprobe
+from ops.preflight.plugin import check, not_applicable
+
+GiB = 1024**3
+MiB = 1024**2
+# Peak RSS of the service for an artifact of N bytes: ~512 MiB of runtime + 1.6 x the weights (CPU plugin's repacked
+# copy plus buffers). Matches the measured int4 (1.7 GB -> 3.2 GB) and int8 (2.4 GB -> 4.4 GB) 2B artifacts.
+RSS_BASE_MB, RSS_PER_ARTIFACT = 512, 1.6
+FALLBACK_PEAK_MB = 3300  # the int4 2B model, when the artifact cannot be read
+REMOTE_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "sshfs", "fuse.sshfs", "glusterfs", "fuse.glusterfs",
+             "ceph", "fuse.ceph", "lustre", "afs", "davfs", "fuse.rclone", "fuse.s3fs"}
+
+
+@dataclass(frozen=True)
+class Config:
+    root: str
+    service: str
+    pins: dict[str, str]
+    min_nofile: int
+    first_token_timeout: float
+    stream_timeout: float
+
+
+@pytest.fixture(scope="session")
+def cfg(request: pytest.FixtureRequest) -> Config:
+    opt = request.config.getoption
+    raw = opt("preflight_pins")
+    if raw:
+        pins = [p.strip() for p in raw.split(",") if p.strip()]
+    else:
+        from ops.wheelhouse import host_pins
+
+        pins = host_pins()
+    pinned = dict(p.split("==", 1) for p in pins if "==" in p)
+    return Config(opt("preflight_root"), opt("preflight_service"), pinned, opt("preflight_min_nofile"),
+                  opt("preflight_first_token_timeout"), opt("preflight_stream_timeout"))
+
+
+def run(host, command: str, *args: object, timeout: int = 60, sudo: bool = True):
+    """A command on the host, bounded by timeout(1); as root unless told otherwise."""
+    line = f"timeout {timeout} " + command
+    if sudo:
+        with host.sudo():
+            return host.run(line, *[str(a) for a in args])
+    return host.run(line, *[str(a) for a in args])
+
+
+def probe(host, python: str, script: str, *args: object, timeout: int = 60) -> dict:
+    res = run(host, "%s -c %s" + " %s" * len(args), python, script, *args, timeout=timeout)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise AssertionError(f"{python} could not run the probe (exit {res.rc}): "
+                             f"{(res.stderr or res.stdout).strip()[-400:]}") from None
+
+
+# -- facts shared by the checks of one host (module scope = one host: testinfra parametrizes per host) ---------
+
+@pytest.fixture(scope="module")
+def virt(host) -> dict:
+    what = run(host, "systemd-detect-virt", sudo=False).stdout.strip() or "none"
+    container = run(host, "systemd-detect-virt --container", sudo=False).rc == 0
+    return {"what": what, "container": container}
+
+
+@pytest.fixture(scope="module")
+def cpu_flags(host) -> set[str]:
+    text = run(host, "cat /proc/cpuinfo", sudo=False).stdout
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+@pytest.fixture(scope="module")
+def unit(host, cfg: Config) -> dict[str, str]:
+    props = ("ActiveState,SubState,Result,UnitFileState,MainPID,Restart,RestartUSec,LimitNOFILE,LimitNOFILESoft,"
+             "DropInPaths,FragmentPath,NRestarts")
+    out = run(host, "systemctl show %s -p " + props, f"{cfg.service}.service", sudo=False).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="module")
+def release(host, cfg: Config) -> dict:
+    """The current release: its directory, venv python and env file (None values when missing)."""
+    current = f"{cfg.root}/current"
+    target = run(host, "readlink -e %s", current, sudo=False).stdout.strip()
+    info: dict = {"current": current, "target": target or None, "python": None, "env": None}
+    if target:
+        py = f"{target}/venv/bin/python"
+        info["python"] = py if run(host, "test -x %s", py, sudo=False).rc == 0 else None
+        env = run(host, "cat %s", f"{target}/vlfleet.env")
+        if env.rc == 0:
+            info["env"] = dict(ln.split("=", 1) for ln in env.stdout.splitlines()
+                               if "=" in ln and not ln.lstrip().startswith("#"))
+    return info
+
+
+def need_release(release: dict) -> tuple[str, dict]:
+    # RELEASE-LAYOUT failing blocks the dependents; this guards a plain pytest -k run of one check.
+    assert release["python"] and release["env"] is not None, \
+        f"no usable release under {release['current']} (see RELEASE-LAYOUT)"
+    return release["python"], release["env"]
+
+
+@pytest.fixture(scope="module")
+def artifact(host, release: dict) -> dict:
+    """The configured model artifact's manifest summary: dir, artifact_id, bytes (None when unreadable)."""
+    model_dir = (release["env"] or {}).get("VLFLEET_MODEL_DIR")
+    info = {"dir": model_dir, "artifact_id": None, "bytes": None}
+    if model_dir:
+        res = run(host, "cat %s", f"{model_dir}/manifest.json")
+        if res.rc == 0:
+            try:
+                manifest = json.loads(res.stdout)
+                info["artifact_id"] = manifest.get("artifact_id")
+                info["bytes"] = sum(int(f.get("size", 0)) for f in manifest.get("files", {}).values())
+            except (ValueError, AttributeError):
+                pass
+    return info
+
+
+def peak_rss_mb(artifact: dict) -> int:
+    if not artifact["bytes"]:
+        return FALLBACK_PEAK_MB
+    return int(RSS_BASE_MB + RSS_PER_ARTIFACT * artifact["bytes"] / MiB)
+
+
+@pytest.fixture(scope="module")
+def meminfo(host) -> dict[str, int]:
+    text = run(host, "cat /proc/meminfo", sudo=False).stdout
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key] = int(parts[0]) // 1024  # kB -> MiB
+    return out
+
+
+def main_pid(unit: dict) -> int:
+    pid = int(unit.get("MainPID") or 0)
+    assert pid > 0, f"the service has no main process (ActiveState={unit.get('ActiveState')}; see SVC-ACTIVE)"
+    return pid
+
+
+def df(host, *paths: str) -> list[dict]:
+    res = run(host, "df -B1 --output=target,fstype,avail" + " %s" * len(paths), *paths)
+    assert res.rc == 0, f"df {' '.join(paths)} failed: {res.stderr.strip()}"
+    rows = [ln.split() for ln in res.stdout.strip().splitlines()[1:]]
+    return [{"path": p, "mount": r[0], "fstype": r[1], "avail": int(r[2])} for p, r in zip(paths, rows, strict=True)]
+
+
+def service_address(env: dict) -> tuple[str, int]:
+    addr = env.get("VLFLEET_HOST", "127.0.0.1")
+    return ("127.0.0.1" if addr in ("", "0.0.0.0", "::", "*") else addr), int(env.get("VLFLEET_PORT", 8000))
+
+
+# -- the checks, in registry order ----------------------------------------------------------------------------
+
+@check("HOST-REACHABLE")
+def test_host_reachable(host, record_property):
+    res = host.run("id -un && sudo -n true")
+    assert res.rc == 0, f"ssh or sudo failed (exit {res.rc}): {(res.stderr or res.stdout).strip()[-300:]}"
+    record_property("found", f"ssh as {res.stdout.split()[0]}, sudo -n works")
+
+
+@check("CPU-AVX2")
+def test_cpu_avx2(cpu_flags, record_property):
+    assert "avx2" in cpu_flags, "the CPU does not report avx2 in /proc/cpuinfo"
+    record_property("found", "avx2" + (", fma" if "fma" in cpu_flags else ""))
+
+
+@check("CPU-AVX512")
+def test_cpu_avx512(cpu_flags, record_property):
+    extras = [f for f in ("avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8") if f in cpu_flags]
+    assert "avx512f" in cpu_flags, (
+        "no AVX-512 (avx512f missing); also present: " + (", ".join(extras) or "no VNNI/AMX"))
+    record_property("found", "avx512f" + "".join(f", {f}" for f in extras))
+
+
+@check("CPU-GOVERNOR")
+def test_cpu_governor(host, virt, record_property):
+    res = run(host, "sh -c %s", "grep -H . /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor", sudo=False)
+    if res.rc != 0 or not res.stdout.strip():
+        if virt["container"]:
+            not_applicable(f"containers cannot see or set cpufreq ({virt['what']}); the container host owns it")
+        not_applicable(f"no cpufreq on this host ({virt['what']}): the kernel exposes no frequency governor"
+                       + (", the hypervisor controls CPU frequency" if virt["what"] != "none" else ""))
+    governors = {ln.split("/")[5]: ln.rsplit(":", 1)[1].strip() for ln in res.stdout.strip().splitlines()}
+    wrong = {cpu: g for cpu, g in governors.items() if g != "performance"}
+    assert not wrong, "governor is not performance on " + ", ".join(f"{c}={g}" for c, g in sorted(wrong.items()))
+    record_property("found", f"performance on {len(governors)} CPU(s)")
+
+
+@check("RELEASE-LAYOUT")
+def test_release_layout(release, record_property):
+    assert release["target"], f"{release['current']} is missing or points to a path that does not exist"
+    assert "/releases/" in release["target"], f"{release['current']} -> {release['target']}, not under releases/"
+    assert release["python"], f"{release['target']}/venv/bin/python is missing or not executable"
+    assert release["env"] is not None, f"{release['target']}/vlfleet.env is missing or unreadable"
+    record_property("found", f"current -> {PurePosixPath(release['target']).name}")
+
+
+@check("PYTHON-VERSION")
+def test_python_version(host, release, record_property):
+    python, _ = need_release(release)
+    res = run(host, "%s -c %s", python, "import platform; print(platform.python_version())", sudo=False)
+    assert res.rc == 0, f"{python} does not run: {res.stderr.strip()[-300:]}"
+    version = res.stdout.strip()
+    assert tuple(int(p) for p in version.split(".")[:2]) >= (3, 10), f"the service venv runs Python {version}"
+    record_property("found", f"Python {version}")
+
+
+@check("RUNTIME-VERSIONS")
+def test_runtime_versions(host, release, cfg, record_property):
+    python, _ = need_release(release)
+    found = probe(host, python, hostprobe.RUNTIME_VERSIONS, timeout=120)
+    problems = []
+    for dist, row in found.items():
+        want = cfg.pins.get(dist)
+        if row["version"] is None:
+            problems.append(f"{dist} not installed (pinned {want})")
+        elif want and row["version"] != want:
+            problems.append(f"{dist} {row['version']} (pinned {want})")
+        if row["import"] != "ok":
+            problems.append(f"import of {dist} fails: {row['import'][:200]}")
+    assert not problems, "; ".join(problems)
+    record_property("found", ", ".join(f"{d} {r['version']}" for d, r in found.items()))
+
+
+@check("MODEL-ARTIFACT")
+def test_model_artifact(host, release, record_property):
+    python, env = need_release(release)
+    model_dir = env.get("VLFLEET_MODEL_DIR")
+    assert model_dir, "VLFLEET_MODEL_DIR is not set in vlfleet.env"
+    res = run(host, "%s -m service.manifest verify %s --full", python, model_dir, timeout=600)
+    try:
+        report = json.loads(res.stdout)
+    except ValueError:
+        raise AssertionError(f"`python -m service.manifest verify {model_dir} --full` failed (exit {res.rc}): "
+                             f"{(res.stderr or res.stdout).strip()[-300:]}") from None
+    assert report["ok"], f"{model_dir}: " + "; ".join(report["problems"])
+    runtime = report.get("runtime", {})
+    record_property("found", f"{report.get('artifact_id')}: every file matches; needs OpenVINO >= "
+                             f"{runtime.get('required')}, has {runtime.get('found')}")
+
+
+@check("TMP-LOCAL")
+def test_tmp_local(host, record_property):
+    rows = df(host, "/tmp", "/var/tmp")
+    remote = [f"{r['path']} is on {r['fstype']} ({r['mount']})" for r in rows
+              if r["fstype"] in REMOTE_FS or r["fstype"].startswith("fuse.")]
+    small = [f"{r['path']} has {r['avail'] / GiB:.2f} GiB free" for r in rows if r["avail"] < GiB]
+    assert not remote and not small, "; ".join(remote + small) + " (needs local, >= 1 GiB free)"
+    record_property("found", ", ".join(f"{r['path']} {r['fstype']} {r['avail'] / GiB:.1f} GiB free" for r in rows))
+
+
+@check("SWAP-ACTIVE")
+def test_swap_active(host, virt, meminfo, artifact, record_property):
+    if virt["container"]:
+        not_applicable(f"containers cannot enable swap ({virt['what']}); swap belongs to the container host")
+    swaps = [ln.split() for ln in run(host, "cat /proc/swaps", sudo=False).stdout.splitlines()[1:] if ln.strip()]
+    total, ram = meminfo.get("SwapTotal", 0), meminfo.get("MemTotal", 0)
+    assert swaps and total > 0, "no swap is active (/proc/swaps is empty)"
+    # The swap role's rule: RAM + swap hold the model's peak plus 1 GiB, and at least 1 GiB of swap (5% slack:
+    # /proc/swaps does not count the header page, and RAM reads a little lower than the role saw it).
+    need = max(1024, peak_rss_mb(artifact) + 1024 - ram)
+    assert total >= 0.95 * need, (f"swap is {total} MiB, needs >= {need} MiB (RAM {ram} MiB + swap must hold the "
+                                  f"model's ~{peak_rss_mb(artifact)} MiB peak + 1 GiB)")
+    record_property("found", f"{total} MiB swap on {', '.join(s[0] for s in swaps)}; RAM {ram} MiB")
+
+
+@check("MEM-HEADROOM")
+def test_mem_headroom(host, unit, meminfo, artifact, record_property):
+    peak = peak_rss_mb(artifact)
+    rss = 0
+    pid = int(unit.get("MainPID") or 0)
+    if pid > 0:
+        status = run(host, "cat %s", f"/proc/{pid}/status").stdout
+        rss = next((int(ln.split()[1]) // 1024 for ln in status.splitlines() if ln.startswith("VmRSS:")), 0)
+    avail, swap_free = meminfo.get("MemAvailable", 0), meminfo.get("SwapFree", 0)
+    room = avail + swap_free + rss  # what the service could grow to: what it holds plus what is free
+    assert room >= peak + 512, (f"the model needs ~{peak} MiB at peak + 512 MiB spare; available {avail} MiB + free "
+                                f"swap {swap_free} MiB + the service's own {rss} MiB = {room} MiB")
+    record_property("found", f"room {room} MiB for a ~{peak} MiB peak (available {avail}, swap free {swap_free}, "
+                             f"service RSS {rss})")
+
+
+@check("DISK-FREE")
+def test_disk_free(host, release, artifact, cfg, record_property):
+    _, env = need_release(release)
+    models = f"{cfg.root}/models"
+    cache = env.get("VLFLEET_MODEL_CACHE_DIR") or "/var/cache/vlfleet"
+    rows = df(host, models, cache if run(host, "test -d %s", cache).rc == 0 else "/var/cache")
+    need_models = (artifact["bytes"] or 0) + GiB
+    problems = []
+    if rows[0]["avail"] < need_models:
+        problems.append(f"{models} ({rows[0]['mount']}) has {rows[0]['avail'] / GiB:.2f} GiB free, needs "
+                        f"{need_models / GiB:.2f} GiB (one more artifact + 1 GiB)")
+    if rows[1]["avail"] < GiB:
+        problems.append(f"{cache} ({rows[1]['mount']}) has {rows[1]['avail'] / GiB:.2f} GiB free, needs 1 GiB")
+    assert not problems, "; ".join(problems)
+    record_property("found", f"models {rows[0]['avail'] / GiB:.1f} GiB free, cache {rows[1]['avail'] / GiB:.1f} GiB")
+
+
+@check("SVC-ENABLED")
+def test_service_enabled(unit, cfg, record_property):
+    state = unit.get("UnitFileState") or "not installed"
+    assert state == "enabled", f"{cfg.service}.service is {state}, not enabled"
+    record_property("found", "enabled")
+
+
+@check("SVC-ACTIVE")
+def test_service_active(host, unit, cfg, record_property):
+    state = f"{unit.get('ActiveState')}/{unit.get('SubState')}"
+    if unit.get("ActiveState") != "active":
+        # Evidence for the operator, as node_exporter's molecule tests do: the last journal lines.
+        journal = run(host, "journalctl -u %s -n 5 --no-pager -o cat", f"{cfg.service}.service").stdout.strip()
+        last = " | ".join(journal.splitlines()[-3:])
+        raise AssertionError(f"{cfg.service}.service is {state} (result {unit.get('Result')})"
+                             + (f"; journal: {last[-300:]}" if last else ""))
+    record_property("found", f"{state}, pid {unit.get('MainPID')}, {unit.get('NRestarts', '0')} restart(s)")
+
+
+@check("SVC-RESTART")
+def test_service_restart_policy(unit, cfg, record_property):
+    policy, delay = unit.get("Restart", "no"), unit.get("RestartUSec", "0")
+    drop_ins = unit.get("DropInPaths", "").strip()
+    where = f" (drop-ins: {drop_ins})" if drop_ins else ""
+    assert policy in ("on-failure", "always", "on-abnormal"), f"Restart={policy}{where}"
+    assert delay not in ("0", "0s", ""), f"RestartSec={delay}: restarts would spin{where}"
+    record_property("found", f"Restart={policy}, RestartSec={delay}")
+
+
+@check("NOFILE")
+def test_nofile_of_running_process(host, unit, cfg, record_property):
+    pid = main_pid(unit)
+    limits = run(host, "cat %s", f"/proc/{pid}/limits").stdout
+    row = next((ln for ln in limits.splitlines() if ln.startswith("Max open files")), None)
+    assert row, f"/proc/{pid}/limits has no 'Max open files' row"
+    soft, hard = row.split()[3:5]
+    drop_ins = unit.get("DropInPaths", "").strip()
+    if soft != "unlimited" and int(soft) < cfg.min_nofile:
+        why = f"unit LimitNOFILE={unit.get('LimitNOFILE')}" + (f", drop-ins: {drop_ins}" if drop_ins else "")
+        init = next((ln.split()[4] for ln in run(host, "cat /proc/1/limits").stdout.splitlines()
+                     if ln.startswith("Max open files")), "unlimited")
+        if init != "unlimited" and int(init) < cfg.min_nofile:
+            # systemd cannot raise a limit above what its own PID 1 got: in a container, the container host's cap.
+            why += (f"; PID 1 itself is capped at {init} (hard): raise the limit where PID 1 is started "
+                    "(container host: systemd-nspawn --rlimit=NOFILE=65535, or its ulimit -Hn)")
+        raise AssertionError(f"pid {pid} may open {soft} files (hard {hard}), needs >= {cfg.min_nofile}; {why}")
+    record_property("found", f"pid {pid}: {soft} (hard {hard})")
+
+
+def _cpus(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out.update(range(int(lo), int(hi) + 1))
+        elif part:
+            out.add(int(part))
+    return out
+
+
+@check("CPU-AFFINITY")
+def test_cpu_affinity_matches_plan(host, unit, release, record_property):
+    pid = main_pid(unit)
+    plan_path = (release["env"] or {}).get("VLFLEET_CPU_PLAN_FILE") or "/run/vlfleet/cpu-plan.json"
+    res = run(host, "cat %s", plan_path)
+    assert res.rc == 0, f"the launcher's plan {plan_path} is missing (was the service started by the launcher?)"
+    plan = set(json.loads(res.stdout)["cpus"])
+    status = run(host, "cat %s", f"/proc/{pid}/status").stdout
+    allowed = next((ln.split(":", 1)[1].strip() for ln in status.splitlines()
+                    if ln.startswith("Cpus_allowed_list:")), "")
+    actual = _cpus(allowed)
+    assert actual == plan, f"pid {pid} may run on CPUs {allowed}, the plan pinned {sorted(plan)}"
+    record_property("found", f"pid {pid} on CPUs {allowed} as planned")
+
+
+@check("PORT-LISTEN")
+def test_port_listens_on_configured_address_only(host, release, record_property):
+    _, env = need_release(release)
+    want, port = env.get("VLFLEET_HOST", "127.0.0.1"), int(env.get("VLFLEET_PORT", 8000))
+    out = run(host, "ss -Hltnp %s", f"sport = :{port}").stdout
+    listeners = {ln.split()[3].rsplit(":", 1)[0].strip("[]") for ln in out.splitlines() if ln.strip()}
+    assert listeners, f"nothing listens on port {port}"
+    wildcard = {"0.0.0.0", "*", "::"}
+    expected = wildcard if want in wildcard else {want}
+    extra = listeners - expected
+    assert not extra and listeners & expected, (
+        f"port {port} is bound on {', '.join(sorted(listeners))}; VLFLEET_HOST is {want}")
+    record_property("found", f"{want}:{port} only")
+
+
+@check("READYZ")
+def test_readyz(host, release, artifact, record_property):
+    python, env = need_release(release)
+    addr, port = service_address(env)
+    url = f"http://{shlex.quote(addr) if ':' not in addr else '[' + addr + ']'}:{port}/readyz"
+    answer = probe(host, python, hostprobe.READYZ, url, timeout=30)
+    assert answer["status"] == 200, (f"GET {url} -> {answer['status'] or answer['error']}"
+                                     + (f": {json.dumps(answer['body'])[:300]}" if answer["body"] else ""))
+    body = answer["body"] or {}
+    if artifact["artifact_id"] and body.get("artifact_id"):
+        assert body["artifact_id"] == artifact["artifact_id"], (
+            f"the service runs artifact {body['artifact_id']}, VLFLEET_MODEL_DIR holds {artifact['artifact_id']}: "
+            "restart it to load the configured model")
+    record_property("found", f"200, model {body.get('model')}, artifact {body.get('artifact_id')}, "
+                             f"release {body.get('release_id')}")
+
+
+@check("STREAM")
+def test_streamed_answer(host, release, cfg, record_property):
+    python, env = need_release(release)
+    addr, port = service_address(env)
+    model = env.get("VLFLEET_MODEL_NAME", "qwen3-vl-2b-instruct")
+    args = [addr, port, model, cfg.first_token_timeout, cfg.stream_timeout]
+    if env.get("VLFLEET_API_KEYS_FILE"):
+        args.append(env["VLFLEET_API_KEYS_FILE"])  # read on the host, as root: the key never leaves it
+    out = probe(host, python, hostprobe.STREAM, *args, timeout=int(cfg.stream_timeout) + 30)
+    assert out["status"] == 200, f"POST /v1/chat/completions -> {out['status']}: {out['error']}"
+    assert out["error"] is None, f"the stream broke: {out['error']}"
+    assert out["chunks"] > 0, "the stream carried no content delta"
+    assert out["done"], "the stream ended without data: [DONE]"
+    assert out["total_s"] <= cfg.stream_timeout, f"[DONE] after {out['total_s']} s, bound {cfg.stream_timeout} s"
+    record_property("found", f"{out['chunks']} chunk(s), first token {out['first_token_s']} s, [DONE] at "
+                             f"{out['total_s']} s")
+
+
+@check("CLOCK-SYNC")
+def test_clock_synchronised(host, virt, record_property):
+    if virt["container"]:
+        not_applicable(f"a container shares its host's kernel clock ({virt['what']}); check time sync on that host")
+    res = run(host, "timedatectl show -p NTPSynchronized -p NTP --value", sudo=False)
+    values = res.stdout.split()
+    assert res.rc == 0 and len(values) == 2, f"timedatectl cannot tell (exit {res.rc}): {res.stderr.strip()[:200]}"
+    ntp, synced = values
+    assert synced == "yes", f"clock not synchronised (NTP service {'on' if ntp == 'yes' else 'off'})"
+    record_property("found", "NTP synchronised")
