@@ -7,7 +7,7 @@ from invoke import Collection
 
 def namespace() -> Collection:
     # Imported here so `vlfleet --help` does not pay for every area's imports up front.
-    from ops.tasks import bench, model, serve, site, staging, wheelhouse
+    from ops.tasks import bench, fleet, model, preflight, serve, site, staging, wheelhouse
 
     ns = Collection()
     ns.add_collection(Collection.from_module(model), name="model")
@@ -16,4 +16,7 @@ def namespace() -> Collection:
     ns.add_collection(Collection.from_module(bench), name="bench")
     ns.add_collection(Collection.from_module(staging), name="staging")
     ns.add_task(site.site)
+    for t in (fleet.rollout, fleet.rollback, fleet.restart, fleet.status_, fleet.logs):
+        ns.add_task(t)
+    ns.add_task(preflight.preflight)
     return ns
