@@ -1,0 +1,528 @@
+"""What Fabric runs on a host, as root: one subcommand per step, JSON in (one argument), JSON out (last line).
+
+The controller ships this file's source with each call (`python3 -c <source> CMD ARGS`), so hosts need nothing
+installed beyond the distribution's python3, and the host side of a rollout stays one piece of code that the unit
+tests run against temporary directories. Standard library only; Python 3.10.
+
+Subcommands (see `COMMANDS`): describe, stage, place, activate, quiesce, probe, prune (service hosts) and lb
+(the nginx host: mark upstream servers drained or back in rotation).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+COMPLETE = ".vlfleet-complete"  # python_runtime's marker of a finished venv
+WHEELHOUSE_MARK = ".vlfleet-wheelhouse"  # sha256 of the requirements.txt the venv was built from
+# A 64x64 grey PNG: the smoke request goes through the vision path like a user's would.
+SMOKE_PNG = ("iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAIAAAAlC+aJAAAATUlEQVR42u3PQQ0AAAgEIDX5RTeFDzdoQCepz6aeExAQEBAQEBAQEBAQ"
+             "EBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQELi3oiwCAJt186UAAAAASUVORK5CYII=")
+SMOKE_TOKENS = 4
+_ID_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$")
+
+
+class AgentError(RuntimeError):
+    """A step cannot be done; the message says why (it becomes the host's result line)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Release tree: <root>/releases/<id>/{venv,vlfleet.env}, <root>/current and <root>/previous -> releases/<id>
+
+
+def check_id(release: str) -> str:
+    if not _ID_RE.match(release or ""):
+        raise AgentError(f"release id {release!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+    return release
+
+
+def link_target(link: Path) -> str | None:
+    """The release id a `current`/`previous` symlink points at, or None."""
+    try:
+        return Path(os.readlink(link)).name
+    except OSError:
+        return None
+
+
+def read_env(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return env
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            env[key.strip()] = value.strip()
+    return env
+
+
+def _sha256_file(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def wheelhouse_sha(root: Path, release: str) -> str | None:
+    """sha256 of the requirements.txt a release's venv was built from (our marker, else the role's wheelhouse)."""
+    mark = root / "releases" / release / "venv" / WHEELHOUSE_MARK
+    if mark.is_file():
+        return mark.read_text().strip() or None
+    return _sha256_file(root / "wheelhouses" / release / "requirements.txt")
+
+
+def describe(args: dict) -> dict:
+    root = Path(args["root"])
+    releases = []
+    rel_dir = root / "releases"
+    for d in sorted(rel_dir.iterdir() if rel_dir.is_dir() else [], key=lambda p: p.stat().st_mtime):
+        if d.is_dir():
+            releases.append({"id": d.name, "complete": (d / "venv" / COMPLETE).is_file(),
+                             "wheelhouse_sha": wheelhouse_sha(root, d.name), "mtime": d.stat().st_mtime})
+    current = link_target(root / "current")
+    models_dir = root / "models"
+    return {
+        "current": current,
+        "previous": link_target(root / "previous"),
+        "releases": releases,
+        "env": read_env(root / "releases" / current / "vlfleet.env") if current else {},
+        "models": sorted(p.name for p in models_dir.iterdir() if (p / "manifest.json").is_file())
+        if models_dir.is_dir() else [],
+    }
+
+
+def _write_atomic(path: Path, data: bytes, mode: int, gid: int = 0) -> bool:
+    """Write ``path`` through a temporary file and rename; return whether the content changed."""
+    try:
+        if path.read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.chown(tmp, 0, gid)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return True
+
+
+def _group_id(name: str) -> int:
+    import grp
+
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise AgentError(f"group {name!r} does not exist: converge the host with site.yml first") from None
+
+
+def stage(args: dict) -> dict:
+    """Prepare a release next to the running one without touching it: venv (hard-linked copy of an identical one,
+    or built offline from an uploaded wheelhouse) and env file."""
+    root = Path(args["root"])
+    release = check_id(args["release"])
+    rel = root / "releases" / release
+    venv = rel / "venv"
+    started = time.monotonic()
+    how = "kept"
+    if not (venv / COMPLETE).is_file():
+        rel.mkdir(parents=True, exist_ok=True)
+        os.chmod(rel, 0o755)
+        shutil.rmtree(venv, ignore_errors=True)  # a half-made venv from an interrupted attempt
+        source = args.get("venv_from")
+        if source:
+            src = root / "releases" / check_id(source) / "venv"
+            if not (src / COMPLETE).is_file():
+                raise AgentError(f"release {source} has no complete venv to copy")
+            # Finished venvs never change, so hard links are safe and cost no disk; `python -m` does not care
+            # about the venv's path (only console-script shebangs name the source venv, and none are used).
+            _run(["cp", "-al", str(src), str(venv)])
+            sha = wheelhouse_sha(root, source)
+            how = f"copied from {source}"
+        elif args.get("wheelhouse"):
+            wh = Path(args["wheelhouse"])
+            req = wh / "requirements.txt"
+            if not req.is_file():
+                raise AgentError(f"no wheelhouse at {wh} (requirements.txt missing)")
+            python = args.get("python") or "/usr/bin/python3"
+            _run([python, "-m", "venv", str(venv)])
+            _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--no-cache-dir",
+                  "--disable-pip-version-check", "--find-links", str(wh), "--require-hashes", "-r", str(req)],
+                 timeout=1800)
+            sha = _sha256_file(req)
+            how = "built from the wheelhouse"
+        else:
+            raise AgentError(f"release {release} has no venv yet: pass a wheelhouse or a release to copy it from")
+        (venv / WHEELHOUSE_MARK).write_text((sha or "") + "\n")
+        (venv / COMPLETE).touch()
+    env_text = args.get("env_text")
+    env_changed = False
+    if env_text is not None:
+        gid = _group_id(args.get("group", "vlfleet"))
+        env_changed = _write_atomic(rel / "vlfleet.env", env_text.encode(), 0o640, gid)
+    return {"release": release, "venv": how, "env_changed": env_changed,
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def place(args: dict) -> dict:
+    """Move an uploaded directory (wheelhouse or model artifact) into place, verifying an artifact first."""
+    src = Path(args["src"])
+    dest = Path(args["dest"])
+    if dest.exists():
+        shutil.rmtree(src, ignore_errors=True)
+        return {"placed": False, "dest": str(dest)}
+    if not src.is_dir():
+        raise AgentError(f"upload {src} is missing")
+    _run(["chown", "-R", "root:root", str(src)])
+    if args.get("verify_with"):
+        done = subprocess.run([args["verify_with"], "-m", "service.manifest", "verify", "--full", str(src)],
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            shutil.rmtree(src, ignore_errors=True)
+            raise AgentError("the uploaded artifact does not match its manifest: "
+                             f"{(done.stdout + done.stderr).strip()[-600:]}")
+        _run(["chmod", "-R", "a-w,a+rX", str(src)])
+    else:
+        _run(["chmod", "-R", "go-w,a+rX", str(src)])
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(src, dest)
+    return {"placed": True, "dest": str(dest)}
+
+
+def switch(root: Path, release: str) -> str | None:
+    """Point `current` at ``release`` (atomic rename of a new symlink); `previous` keeps the old target."""
+    rel = root / "releases" / check_id(release)
+    if not (rel / "venv" / COMPLETE).is_file() or not (rel / "vlfleet.env").is_file():
+        raise AgentError(f"release {release} is not staged on this host (venv or vlfleet.env missing)")
+    old = link_target(root / "current")
+    if old == release:
+        return old
+    if old:
+        _symlink_atomic(root / "releases" / old, root / "previous")
+    _symlink_atomic(rel, root / "current")
+    return old
+
+
+def _symlink_atomic(target: Path, link: Path) -> None:
+    tmp = link.with_name(f".{link.name}.tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(str(target), tmp)
+    os.replace(tmp, link)
+
+
+def prune(args: dict) -> dict:
+    """Keep the newest ``keep`` releases (by mtime) plus current and previous; remove the rest and their wheelhouses."""
+    root = Path(args["root"])
+    keep = max(int(args.get("keep", 3)), 2)
+    protected = {link_target(root / "current"), link_target(root / "previous")}
+    rel_dir = root / "releases"
+    dirs = sorted((d for d in rel_dir.iterdir() if d.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True) \
+        if rel_dir.is_dir() else []
+    removed = []
+    for d in dirs[keep:]:
+        if d.name in protected:
+            continue
+        shutil.rmtree(d)
+        shutil.rmtree(root / "wheelhouses" / d.name, ignore_errors=True)
+        removed.append(d.name)
+    return {"removed": removed, "kept": [d.name for d in dirs if d.name not in removed]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The service: restart, readiness gate, smoke answer, drain wait, status probe
+
+
+def _run(argv: list[str], timeout: float = 300) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise AgentError(f"{' '.join(argv[:3])} failed (exit {done.returncode}): "
+                         f"{(done.stderr or done.stdout).strip()[-600:]}")
+    return done.stdout
+
+
+def unit_state(unit: str) -> dict[str, str]:
+    out = _run(["systemctl", "show", f"{unit}.service", "-p",
+                "ActiveState,SubState,MainPID,NRestarts,ControlGroup,ExecMainStatus"])
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def journal_tail(unit: str, since: float | None = None, lines: int = 25) -> list[str]:
+    argv = ["journalctl", "-u", f"{unit}.service", "-n", str(lines), "--no-pager", "-o", "cat"]
+    if since:
+        argv += ["--since", f"@{int(since)}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    return done.stdout.splitlines()[-lines:]
+
+
+def service_address(env: dict[str, str]) -> tuple[str, int]:
+    host = env.get("VLFLEET_HOST", "127.0.0.1")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return host, int(env.get("VLFLEET_PORT", "8000"))
+
+
+def request(addr: tuple[str, int], method: str, path: str, body: dict | None = None,
+         timeout: float = 10) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(*addr, timeout=timeout)
+    try:
+        payload = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=payload, headers={"Content-Type": "application/json"} if payload else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def readyz(addr: tuple[str, int]) -> tuple[int, dict]:
+    try:
+        status, raw = request(addr, "GET", "/readyz", timeout=5)
+        return status, json.loads(raw or b"{}")
+    except (OSError, ValueError) as e:
+        return 0, {"reason": f"{type(e).__name__}: {e}"}
+
+
+def smoke(addr: tuple[str, int], timeout: float) -> dict:
+    """A real answer: one image and a question, a fixed number of tokens (the model's words may be noise)."""
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + SMOKE_PNG}},
+        {"type": "text", "text": "What is in this picture?"}]}],
+        "max_tokens": SMOKE_TOKENS, "ignore_eos": True, "stream": False}
+    started = time.monotonic()
+    try:
+        status, raw = request(addr, "POST", "/v1/chat/completions", body, timeout=timeout)
+    except OSError as e:
+        return {"ok": False, "reason": f"smoke request failed: {type(e).__name__}: {e}"}
+    seconds = round(time.monotonic() - started, 2)
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = {}
+    tokens = (answer.get("usage") or {}).get("completion_tokens")
+    if status != 200 or tokens != SMOKE_TOKENS:
+        return {"ok": False, "reason": f"smoke answer: HTTP {status}, {tokens} tokens (want {SMOKE_TOKENS}): "
+                                       f"{raw[:300].decode(errors='replace')}", "seconds": seconds}
+    return {"ok": True, "tokens": tokens, "seconds": seconds}
+
+
+def gate(root: Path, unit: str, release: str | None, timeout: float, since: float, restarts: int,
+         poll: float = 1.0) -> dict:
+    """Wait (bounded) for /readyz 200 naming ``release``, then a smoke answer; fail fast when the unit crashes."""
+    env = read_env(root / "current" / "vlfleet.env")
+    addr = service_address(env)
+    deadline = time.monotonic() + timeout
+    last: dict = {}
+    status = 0
+    while True:
+        status, last = readyz(addr)
+        if status == 200 and (release is None or last.get("release_id") == release):
+            break
+        state = unit_state(unit)
+        crashed = (state.get("ActiveState") in ("failed", "inactive") or state.get("SubState") == "auto-restart"
+                   or int(state.get("NRestarts") or 0) > restarts)
+        if crashed or time.monotonic() >= deadline:
+            why = (f"the service exited ({state.get('ActiveState')}/{state.get('SubState')}, "
+                   f"exit status {state.get('ExecMainStatus')})" if crashed
+                   else f"not ready after {timeout:.0f} s (last /readyz: {status or 'no answer'} "
+                        f"{last.get('reason', '')})")
+            return {"ok": False, "reason": why, "journal": journal_tail(unit, since)}
+        time.sleep(poll)
+    ready_s = round(time.monotonic() - (deadline - timeout), 1)
+    result = smoke(addr, timeout=max(30.0, deadline - time.monotonic()))
+    if not result["ok"]:
+        return {"ok": False, "reason": result["reason"], "journal": journal_tail(unit, since), "readyz": last}
+    return {"ok": True, "ready_s": ready_s, "smoke": result, "readyz": last}
+
+
+def activate(args: dict) -> dict:
+    """Switch `current` (when a release is given), restart the unit, then gate it."""
+    root = Path(args["root"])
+    unit = args.get("unit", "vlfleet")
+    release = args.get("release")
+    old = switch(root, release) if release else link_target(root / "current")
+    since = time.time()
+    # A crash-looping release may have hit the unit's start limit; a deliberate restart must not be refused.
+    subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, timeout=30)
+    _run(["systemctl", "restart", f"{unit}.service"], timeout=float(args.get("stop_timeout", 120)))
+    restarts = int(unit_state(unit).get("NRestarts") or 0)
+    result = gate(root, unit, release or link_target(root / "current"), float(args.get("timeout", 600)), since,
+                  restarts)
+    result.update({"release": link_target(root / "current"), "from": old})
+    return result
+
+
+def established_clients(port: int, proc: Path = Path("/proc/net")) -> int:
+    """Established TCP connections to local ``port`` from other hosts (the lb's proxied requests, streams included;
+    our own loopback probes are not counted)."""
+    count = 0
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (proc / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, state = fields[1], fields[2], fields[3]
+            if state != "01" or int(local.rsplit(":", 1)[1], 16) != port:
+                continue
+            if _is_loopback_hex(remote.rsplit(":", 1)[0]):
+                continue
+            count += 1
+    return count
+
+
+def _is_loopback_hex(addr: str) -> bool:
+    if len(addr) == 8:  # IPv4, little-endian: 127.x.x.x has 7F as its last byte
+        return addr[6:8] == "7F"
+    # IPv6 ::1, or an IPv4-mapped ::ffff:127.x.x.x
+    return addr == "00000000000000000000000001000000" or (addr[:24] == "0000000000000000FFFF0000" and addr[30:] == "7F")
+
+
+def quiesce(args: dict) -> dict:
+    """After the lb stopped sending new requests: wait (bounded) until the requests in flight have finished."""
+    root = Path(args["root"])
+    addr = service_address(read_env(root / "current" / "vlfleet.env"))
+    timeout = float(args.get("timeout", 60))
+    started = time.monotonic()
+    left = -1
+    while time.monotonic() - started < timeout:
+        left = established_clients(addr[1])
+        _status, body = readyz(addr)
+        left = max(left, int(body.get("queue_depth") or 0))
+        if left == 0:
+            break
+        time.sleep(0.5)
+    return {"left": left, "waited_s": round(time.monotonic() - started, 1)}
+
+
+def probe(args: dict) -> dict:
+    """What `vlfleet status` shows for one host."""
+    root = Path(args["root"])
+    unit = args.get("unit", "vlfleet")
+    out: dict[str, Any] = {"release": link_target(root / "current"), "previous": link_target(root / "previous")}
+    try:
+        state = unit_state(unit)
+    except AgentError as e:
+        state = {"error": str(e)}
+    out["unit"] = {k: state.get(k) for k in ("ActiveState", "SubState", "MainPID", "NRestarts")}
+    out["rss_bytes"] = cgroup_rss(state.get("ControlGroup") or "")
+    addr = service_address(read_env(root / "current" / "vlfleet.env"))
+    out["readyz_status"], out["readyz"] = readyz(addr)
+    try:
+        status, raw = request(addr, "GET", "/metrics", timeout=5)
+        keep = ("vlfleet_time_to_first_token_seconds", "vlfleet_model_info")
+        out["metrics"] = "\n".join(line for line in raw.decode(errors="replace").splitlines()
+                                   if line.startswith(keep)) if status == 200 else ""
+    except OSError:
+        out["metrics"] = ""
+    return out
+
+
+def cgroup_rss(cgroup: str, fs: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> int | None:
+    """Sum of VmRSS over the unit's processes (the gunicorn master and its worker)."""
+    if not cgroup:
+        return None
+    try:
+        pids = (fs / cgroup.lstrip("/") / "cgroup.procs").read_text().split()
+    except OSError:
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            for line in (proc / pid / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The lb host: nginx upstream servers marked `down` (drained) or not, in the site the lb role rendered
+
+
+def set_drained(text: str, drain: list[str], undrain: list[str]) -> tuple[str, list[str]]:
+    """Mark the upstream servers of the named hosts `down` (drain) or not (undrain) in an nginx site rendered from
+    templates/nginx-vlfleet.conf.j2: each server line follows a comment naming its host (`# c1` or
+    `# c1 (drained)`). The result equals what the lb role renders with those hosts in lb_drained_hosts.
+    Returns the new text and the hosts drained in it."""
+    lines = text.split("\n")
+    wanted = set(drain) | set(undrain)
+    seen: set[str] = set()
+    drained: list[str] = []
+    comment = re.compile(r"^(\s*)# (\S+)( \(drained\))?$")
+    for i, line in enumerate(lines[:-1]):
+        m = comment.match(line)
+        nxt = lines[i + 1]
+        if not m or not nxt.lstrip().startswith("server "):
+            continue
+        indent, host, is_drained = m.group(1), m.group(2), bool(m.group(3))
+        if host in wanted:
+            seen.add(host)
+            is_drained = host in drain
+            server = re.sub(r" down;$", ";", nxt.rstrip())
+            lines[i] = f"{indent}# {host}" + (" (drained)" if is_drained else "")
+            lines[i + 1] = server[:-1] + " down;" if is_drained else server
+        if is_drained:
+            drained.append(host)
+    missing = sorted(wanted - seen)
+    if missing:
+        raise AgentError(f"the nginx site has no upstream server for {', '.join(missing)}: converge the lb with "
+                         f"site.yml so it lists every vlm host")
+    return "\n".join(lines), drained
+
+
+def lb(args: dict) -> dict:
+    site = Path(args["site"])
+    try:
+        old = site.read_text()
+    except OSError as e:
+        raise AgentError(f"cannot read the nginx site {site}: {e}; converge the lb host with site.yml") from e
+    new, drained = set_drained(old, list(args.get("drain", [])), list(args.get("undrain", [])))
+    if new == old:
+        return {"changed": False, "drained": drained}
+    _write_atomic(site, new.encode(), 0o644)
+    test = subprocess.run([args.get("nginx", "/usr/sbin/nginx"), "-t", "-q"], capture_output=True, text=True,
+                          timeout=60)
+    if test.returncode != 0:
+        _write_atomic(site, old.encode(), 0o644)
+        raise AgentError(f"nginx -t rejected the edited site (restored): {test.stderr.strip()[-400:]}")
+    # reload, never restart: old workers finish their open streams, new ones skip the drained servers
+    _run(["systemctl", "reload", "nginx.service"], timeout=60)
+    return {"changed": True, "drained": drained}
+
+
+COMMANDS = {"describe": describe, "stage": stage, "place": place, "activate": activate, "quiesce": quiesce,
+            "probe": probe, "prune": prune, "lb": lb}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in COMMANDS:
+        print(json.dumps({"error": f"usage: host_agent {{{','.join(COMMANDS)}}} BASE64-JSON"}))
+        return 2
+    try:
+        args = json.loads(base64.b64decode(argv[1]))
+        result = COMMANDS[argv[0]](args)
+    except AgentError as e:
+        print(json.dumps({"error": str(e)}))
+        return 1
+    except subprocess.TimeoutExpired as e:
+        print(json.dumps({"error": f"{' '.join(map(str, e.cmd))[:80]} timed out after {e.timeout:.0f} s"}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
