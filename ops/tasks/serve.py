@@ -9,12 +9,13 @@ from invoke import Exit, task
 
 @task(help={
     "model": "OpenVINO model artifact directory (from model.convert / model.build)",
-    "host": "address to bind (default 127.0.0.1)",
-    "port": "port (default 8000)",
+    "host": "address to bind (default: VLFLEET_HOST, else 127.0.0.1)",
+    "port": "port (default: VLFLEET_PORT, else 8000)",
 })
-def serve(c, model, host="127.0.0.1", port=8000):
+def serve(c, model, host=None, port=None):
     """Serve the model under gunicorn (1 worker, threads) until Ctrl-C; other settings from VLFLEET_* variables."""
-    os.environ.update({"VLFLEET_MODEL_DIR": str(model), "VLFLEET_HOST": str(host), "VLFLEET_PORT": str(port)})
+    given = {"VLFLEET_MODEL_DIR": model, "VLFLEET_HOST": host, "VLFLEET_PORT": port}
+    os.environ.update({name: str(value) for name, value in given.items() if value is not None})
     from service.__main__ import main
 
     try:
