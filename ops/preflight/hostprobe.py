@@ -8,8 +8,8 @@ the service may bind loopback only.
 from __future__ import annotations
 
 RUNTIME_VERSIONS = r"""
-import importlib, importlib.metadata as md, json, sys
-out = {}
+import importlib, importlib.metadata as md, json, platform, sys
+out = {"python": platform.python_version(), "dists": {}}
 for dist, module in (("openvino", "openvino"), ("openvino-genai", "openvino_genai"),
                      ("openvino-tokenizers", "openvino_tokenizers")):
     row = {}
@@ -22,7 +22,7 @@ for dist, module in (("openvino", "openvino"), ("openvino-genai", "openvino_gena
         row["import"] = "ok"
     except Exception as e:
         row["import"] = "%s: %s" % (type(e).__name__, e)
-    out[dist] = row
+    out["dists"][dist] = row
 print(json.dumps(out))
 """
 
@@ -99,4 +99,41 @@ try:
 except Exception as e:
     out["error"] = "%s: %s" % (type(e).__name__, e)
 print(json.dumps(out))
+"""
+
+# One root shell run per host gathers every fact the shell-level checks read (a TCG VM pays seconds per
+# process spawn over SSH; one round trip instead of thirty). argv: root service. Sections start with @@name@@.
+SNAPSHOT = r"""
+root=$1; svc=$2
+sec() { echo "@@$1@@"; }
+sec virt; systemd-detect-virt 2>/dev/null || true
+sec container; if systemd-detect-virt --container >/dev/null 2>&1; then echo yes; else echo no; fi
+sec flags; grep -m1 '^flags' /proc/cpuinfo
+sec governors; grep -H . /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor 2>/dev/null
+props=ActiveState,SubState,Result,UnitFileState,MainPID,Restart,RestartUSec,LimitNOFILE,DropInPaths,NRestarts
+sec unit; systemctl show "$svc.service" -p "$props"
+sec target; target=$(readlink -e "$root/current"); echo "$target"
+sec python; if [ -n "$target" ] && [ -x "$target/venv/bin/python" ]; then echo "$target/venv/bin/python"; fi
+sec env; if [ -n "$target" ]; then cat "$target/vlfleet.env" 2>/dev/null; fi
+val() { [ -n "$target" ] && sed -n "s/^$1=//p" "$target/vlfleet.env" 2>/dev/null | tail -n1; }
+model=$(val VLFLEET_MODEL_DIR); cache=$(val VLFLEET_MODEL_CACHE_DIR); port=$(val VLFLEET_PORT)
+plan=$(val VLFLEET_CPU_PLAN_FILE); plan=${plan:-/run/vlfleet/cpu-plan.json}
+sec manifest; if [ -n "$model" ]; then cat "$model/manifest.json" 2>/dev/null; fi
+sec meminfo; cat /proc/meminfo
+sec swaps; tail -n +2 /proc/swaps
+sec df_tmp; df -B1 --output=target,fstype,avail /tmp /var/tmp | tail -n +2
+cache=${cache:-/var/cache/vlfleet}
+sec cache; echo "$cache"
+sec df_models; df -B1 --output=target,fstype,avail "$root/models" 2>&1 | tail -n +2
+sec df_cache; d=$cache; [ -d "$d" ] || d=$(dirname "$d"); df -B1 --output=target,fstype,avail "$d" 2>&1 | tail -n +2
+pid=$(systemctl show -p MainPID --value "$svc.service"); pid=${pid:-0}
+sec pid_limits; if [ "$pid" -gt 0 ]; then grep '^Max open files' "/proc/$pid/limits"; fi
+sec pid_status; if [ "$pid" -gt 0 ]; then grep -E '^(VmRSS|Cpus_allowed_list):' "/proc/$pid/status"; fi
+sec init_limits; grep '^Max open files' /proc/1/limits
+sec plan; cat "$plan" 2>/dev/null
+sec listen; if [ -n "$port" ]; then ss -Hltnp "sport = :$port"; fi
+sec time; timedatectl show -p NTP -p NTPSynchronized 2>&1
+sec journal
+if [ "$(systemctl is-active "$svc.service")" != active ]; then journalctl -u "$svc.service" -n 5 --no-pager -o cat; fi
+sec end
 """

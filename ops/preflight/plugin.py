@@ -92,20 +92,23 @@ class PreflightPlugin:
             deps = ("HOST-REACHABLE", *deps)
         for dep in deps:
             if (host, dep) in self.raw_failed:
-                why = self.results[(host, dep)].message
-                pytest.skip(f"{BLOCKED_PREFIX}{dep} failed on this host ({_clip(why, 120)})")
+                dep_result = self.results[(host, dep)]
+                if dep_result.status == BLOCKED:  # name the root cause, not the chain
+                    pytest.skip(BLOCKED_PREFIX + dep_result.message)
+                pytest.skip(f"{BLOCKED_PREFIX}{dep} failed on this host ({_clip(dep_result.message, 120)})")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         outcome = yield
         report: pytest.TestReport = outcome.get_result()
         host, cid = _host_name(item), _check_id(item)
-        if (host, cid) in self.results or not (report.when == "call" or report.outcome != "passed"):
-            return
-        if report.when == "teardown":
+        # One result per check: from the call, or from a setup that skipped (n/a, blocked) or failed.
+        if (host, cid) in self.results or report.when == "teardown" or (report.when == "setup" and report.passed):
             return
         status, message = _status(report, call, item)
         result = Result(host, cid, status, message, duration_s=round(report.duration, 3))
+        if status == BLOCKED:
+            self.raw_failed.add((host, cid))  # blocked propagates: READYZ blocked -> STREAM blocked
         if status == FAIL:
             self.raw_failed.add((host, cid))
             waiver = self.waivers.find(cid, host)
