@@ -18,6 +18,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import re
 import shlex
 import subprocess
 import threading
@@ -295,8 +296,14 @@ class Fleet:
 
 
 def _journal_hint(journal: list[str] | None) -> str:
+    """The journal line most likely to say why: the service's own last words, not systemd's bookkeeping."""
     lines = [line for line in (journal or []) if line.strip()]
-    return f" [journal: {lines[-1][:200]}]" if lines else ""
+    own = [line for line in lines if not _SYSTEMD_LINE.match(line)]
+    pick = (own or lines)[-1:]
+    return f" [journal: {pick[0][:240]}]" if pick else ""
+
+
+_SYSTEMD_LINE = re.compile(r"^(\S+\.service: |Started |Starting |Stopped |Stopping |Scheduled restart|Consumed )")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -433,9 +433,15 @@ def cgroup_rss(cgroup: str, fs: Path = Path("/sys/fs/cgroup"), proc: Path = Path
     """Sum of VmRSS over the unit's processes (the gunicorn master and its worker)."""
     if not cgroup:
         return None
-    try:
-        pids = (fs / cgroup.lstrip("/") / "cgroup.procs").read_text().split()
-    except OSError:
+    pids: list[str] = []
+    # cgroup v2 at the root; hybrid layouts (some containers) keep the unit's processes under unified/ or systemd/
+    for base in (fs, fs / "unified", fs / "systemd"):
+        try:
+            pids = (base / cgroup.lstrip("/") / "cgroup.procs").read_text().split()
+            break
+        except OSError:
+            continue
+    if not pids:
         return None
     total = 0
     for pid in pids:

@@ -1,0 +1,198 @@
+"""The host side of fleet operations (ops/host_agent.py) on local directories, and how Fabric ships it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from ops import host_agent
+from ops.fleet import (
+    Release,
+    StepError,
+    _agent_command,
+    agent_args,
+    agent_command_name,
+    parse_agent_output,
+    parse_inventory_json,
+    release_env,
+    render_env,
+)
+from ops.host_agent import AgentError, established_clients, set_drained
+
+REPO = Path(__file__).resolve().parents[2]
+BACKENDS = [("c1", "10.250.77.11"), ("c2", "10.250.77.12"), ("vm1", "10.250.77.101")]
+
+
+def _site(drained: list[str]) -> str:
+    """The nginx site exactly as the lb role renders it for ``drained`` (lb_drained_hosts)."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True)
+    upstreams = [{"name": n, "address": a, "port": 8000, "down": n in drained, "loopback": False}
+                 for n, a in BACKENDS]
+    return env.get_template("nginx-vlfleet.conf.j2").render(
+        lb_upstreams=upstreams, lb_listen_port=80, lb_listen_ipv6=False, lb_max_fails=2, lb_fail_timeout=10,
+        lb_keepalive=16, lb_read_timeout=600, lb_connect_timeout=3, lb_client_max_body_mb=24)
+
+
+def test_drain_edit_equals_what_the_lb_role_renders():
+    text, drained = set_drained(_site([]), ["c1"], [])
+    assert text == _site(["c1"]) and drained == ["c1"]
+    text, drained = set_drained(text, ["vm1"], ["c1"])
+    assert text == _site(["vm1"]) and drained == ["vm1"]
+    text, drained = set_drained(text, [], ["vm1"])
+    assert text == _site([]) and drained == []
+
+
+def test_drain_is_idempotent_and_keeps_other_drained_hosts():
+    once, _ = set_drained(_site(["c2"]), ["c1"], [])
+    twice, drained = set_drained(once, ["c1"], [])
+    assert once == twice == _site(["c1", "c2"]) and drained == ["c1", "c2"]
+
+
+def test_drain_of_a_host_the_site_does_not_list_says_to_converge():
+    with pytest.raises(AgentError, match=r"no upstream server for c9.*site\.yml"):
+        set_drained(_site([]), ["c9"], [])
+
+
+def _release(root: Path, rid: str, env: str = "VLFLEET_PORT=8000\n") -> Path:
+    venv = root / "releases" / rid / "venv"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "lib" / "marker.py").write_text(f"RELEASE = {rid!r}\n")
+    (venv / host_agent.COMPLETE).touch()
+    (root / "releases" / rid / "vlfleet.env").write_text(env)
+    return root / "releases" / rid
+
+
+def test_switch_keeps_previous_and_is_a_symlink_swap(tmp_path):
+    _release(tmp_path, "r1")
+    _release(tmp_path, "r2")
+    assert host_agent.switch(tmp_path, "r1") is None
+    assert host_agent.switch(tmp_path, "r2") == "r1"
+    assert os.readlink(tmp_path / "current") == str(tmp_path / "releases" / "r2")
+    assert host_agent.link_target(tmp_path / "previous") == "r1"
+    assert host_agent.switch(tmp_path, "r2") == "r2"  # no-op: previous stays r1
+    assert host_agent.link_target(tmp_path / "previous") == "r1"
+    with pytest.raises(AgentError, match="not staged"):
+        host_agent.switch(tmp_path, "r3")
+    with pytest.raises(AgentError, match="release id"):
+        host_agent.switch(tmp_path, "../etc")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="stage chowns the env file to root")
+def test_stage_copies_the_current_venv_and_writes_the_env(tmp_path):
+    _release(tmp_path, "r1")
+    host_agent.switch(tmp_path, "r1")
+    out = host_agent.stage({"root": str(tmp_path), "release": "r2", "venv_from": "r1", "group": "root",
+                            "env_text": "VLFLEET_RELEASE_ID=r2\n"})
+    assert out["venv"] == "copied from r1" and out["env_changed"]
+    new = tmp_path / "releases" / "r2"
+    assert (new / "venv" / host_agent.COMPLETE).is_file()
+    # hard links: same inode, no second copy on disk
+    assert (new / "venv" / "lib" / "marker.py").stat().st_ino == \
+        (tmp_path / "releases" / "r1" / "venv" / "lib" / "marker.py").stat().st_ino
+    assert (new / "vlfleet.env").read_text() == "VLFLEET_RELEASE_ID=r2\n"
+    assert oct((new / "vlfleet.env").stat().st_mode & 0o777) == "0o640"
+    again = host_agent.stage({"root": str(tmp_path), "release": "r2", "venv_from": "r1", "group": "root",
+                              "env_text": "VLFLEET_RELEASE_ID=r2\n"})
+    assert again["venv"] == "kept" and not again["env_changed"]
+    described = host_agent.describe({"root": str(tmp_path)})
+    assert described["current"] == "r1" and described["env"] == {"VLFLEET_PORT": "8000"}
+    assert [r["id"] for r in described["releases"] if r["complete"]] == ["r1", "r2"]
+
+
+def test_prune_keeps_the_newest_and_never_current_or_previous(tmp_path):
+    for i, rid in enumerate(["r1", "r2", "r3", "r4", "r5"]):
+        d = _release(tmp_path, rid)
+        os.utime(d, (1000 + i, 1000 + i))
+    host_agent.switch(tmp_path, "r1")
+    host_agent.switch(tmp_path, "r2")  # current r2, previous r1: both old, both kept
+    out = host_agent.prune({"root": str(tmp_path), "keep": 2})
+    assert sorted(out["removed"]) == ["r3"]
+    assert sorted(p.name for p in (tmp_path / "releases").iterdir()) == ["r1", "r2", "r4", "r5"]
+
+
+def test_established_clients_counts_remote_peers_on_the_port_only(tmp_path):
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    rows = [
+        "0: 0B4DFA0A:1F40 0A4DFA0A:A000 01 00000000:00000000 00:00000000 00000000 0 0 1",  # from the lb: counts
+        "1: 0B4DFA0A:1F40 0A4DFA0A:A001 06 00000000:00000000 00:00000000 00000000 0 0 2",  # TIME_WAIT: not
+        "2: 0100007F:1F40 0100007F:A002 01 00000000:00000000 00:00000000 00000000 0 0 3",  # loopback probe: not
+        "3: 0B4DFA0A:0016 0A4DFA0A:A003 01 00000000:00000000 00:00000000 00000000 0 0 4",  # ssh: not
+        "4: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 5",  # listener: not
+    ]
+    (tmp_path / "tcp").write_text(header + "\n".join(rows) + "\n")
+    (tmp_path / "tcp6").write_text(header + "0: 00000000000000000000000001000000:1F40 "
+                                   "00000000000000000000000001000000:A004 01 0 0 0 0 0 6\n")
+    assert established_clients(8000, tmp_path) == 1
+
+
+def test_the_shipped_agent_runs_from_its_command_line(tmp_path):
+    _release(tmp_path, "r1")
+    host_agent.switch(tmp_path, "r1")
+    cmd = _agent_command(sys.executable, "describe", {"root": str(tmp_path)})
+    assert cmd.startswith("sudo -n ") and agent_command_name(cmd) == "describe"
+    assert agent_args(cmd) == {"root": str(tmp_path)}
+    local = cmd.removeprefix("sudo -n ")
+    done = subprocess.run(local, shell=True, capture_output=True, text=True, timeout=60)
+    assert parse_agent_output(done.stdout, done.stderr, done.returncode)["current"] == "r1"
+    bad = subprocess.run(_agent_command(sys.executable, "stage", {"root": str(tmp_path), "release": "r9"})
+                         .removeprefix("sudo -n "), shell=True, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    with pytest.raises(StepError, match="no venv yet"):
+        parse_agent_output(bad.stdout, bad.stderr, bad.returncode)
+
+
+def test_agent_crash_and_sudo_password_are_explained():
+    with pytest.raises(StepError, match=r"exit 1\): .*KeyError"):
+        parse_agent_output("", "Traceback (most recent call last):\nKeyError: 'x'", 1)
+    with pytest.raises(StepError, match="passwordless sudo"):
+        parse_agent_output("", "sudo: a password is required", 1)
+
+
+def test_release_env_changes_only_what_the_release_changes(tmp_path):
+    current = {"VLFLEET_HOST": "10.0.0.11", "VLFLEET_PORT": "8000", "VLFLEET_RELEASE_ID": "r1",
+               "VLFLEET_MODEL_DIR": "/opt/vlfleet/models/a1", "VLFLEET_QUEUE_SIZE": "8"}
+    env = release_env(current, Release("r2", env={"VLFLEET_QUEUE_SIZE": "", "VLFLEET_MAX_TOKENS": "64"}),
+                      "/opt/vlfleet")
+    assert env == {"VLFLEET_HOST": "10.0.0.11", "VLFLEET_PORT": "8000", "VLFLEET_RELEASE_ID": "r2",
+                   "VLFLEET_MODEL_DIR": "/opt/vlfleet/models/a1", "VLFLEET_MAX_TOKENS": "64"}
+    text = render_env(env)
+    assert text.startswith("# Managed by vlfleet") and "VLFLEET_RELEASE_ID=r2\n" in text
+    assert host_agent.read_env(_write(tmp_path / "e", text)) == env
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_release_arguments_are_checked_before_anything_runs(tmp_path):
+    from ops.fleet import FleetError
+
+    with pytest.raises(FleetError, match="--release"):
+        Release("bad id")
+    with pytest.raises(FleetError, match=r"--wheelhouse .*requirements\.txt"):
+        Release("r2", wheelhouse=tmp_path)
+    with pytest.raises(FleetError, match="only VLFLEET_"):
+        Release("r2", env={"PATH": "/x"})
+
+
+def test_inventory_groups_resolve_children_in_order():
+    inv = parse_inventory_json({
+        "_meta": {"hostvars": {"c1": {"ansible_host": "10.0.0.11", "vlm_service_host": "{{ ansible_host }}"},
+                               "c2": {}, "lb1": {"ansible_user": "deploy"}}},
+        "all": {"children": ["ungrouped", "fleet", "lb"]},
+        "fleet": {"children": ["vlm"]},
+        "vlm": {"hosts": ["c1", "c2"]},
+        "lb": {"hosts": ["lb1"]},
+    })
+    assert [h.name for h in inv.group("vlm")] == ["c1", "c2"]
+    assert [h.name for h in inv.group("lb")] == ["lb1"]
+    c1 = inv.hosts["c1"]
+    assert c1.address == "10.0.0.11" and c1.var("vlm_service_host", "127.0.0.1") == "127.0.0.1"
+    assert c1.root == "/opt/vlfleet" and c1.unit == "vlfleet"
