@@ -7,46 +7,21 @@ run by run so drift on a noisy machine hits both alike. The service is started a
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from ops.bench import workload
 from ops.bench.charts import bar_chart
+from ops.bench.server import free_port, start_service, wait_ready
 
 
-def start_service(model: Path, port: int, log: Path) -> subprocess.Popen:
-    vlfleet = Path(sys.executable).with_name("vlfleet")
-    env = {**os.environ, "VLFLEET_MAX_TOKENS": "4096"}
-    with open(log, "wb") as out:
-        return subprocess.Popen([str(vlfleet), "serve", "--model", str(model), "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
-    import requests
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("service exited before becoming ready")
-        try:
-            if requests.get(url + "/readyz", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"service not ready after {timeout}s")
-
-
-def run(model: Path, out_dir: Path, runs: int = 5, tokens: int = 64, port: int = 8765) -> dict:
+def measure(model: Path, runs: int = 5, tokens: int = 64, port: int | None = None) -> dict:
+    """Alternate in-process and HTTP+SSE answers on one artifact; medians and their ratios."""
     import openvino_genai as ov_genai
 
     png = workload.test_image()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     log = Path(tempfile.mkdtemp()) / "service.log"
     print(f"[bench.service] loading VLMPipeline in-process from {model}", flush=True)
@@ -54,7 +29,7 @@ def run(model: Path, out_dir: Path, runs: int = 5, tokens: int = 64, port: int =
     print("[bench.service] starting the service", flush=True)
     proc = start_service(model, port, log)
     try:
-        wait_ready(url, proc)
+        wait_ready(url, proc, log=log)
         workload.in_process(pipe, png, 8)  # warm both paths
         workload.over_http(url, png, 8)
         local, http = [], []
@@ -78,6 +53,11 @@ def run(model: Path, out_dir: Path, runs: int = 5, tokens: int = 64, port: int =
     for key in ("first_token_s", "ms_per_token"):
         result[f"{key}_ratio"] = result["http_sse"][key] / result["in_process"][key]
     result["within_5_percent"] = all(result[f"{k}_ratio"] <= 1.05 for k in ("first_token_s", "ms_per_token"))
+    return result
+
+
+def run(model: Path, out_dir: Path, runs: int = 5, tokens: int = 64, port: int | None = None) -> dict:
+    result = measure(model, runs, tokens, port)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench-service.json").write_text(json.dumps(result, indent=2) + "\n")
     bar_chart(out_dir / "bench-service.png", "HTTP+SSE vs in-process VLMPipeline (2b-shape int4)",

@@ -74,29 +74,55 @@ def in_process(pipe, png: bytes, tokens: int, prompt: str = PROMPT) -> Sample:
     return Sample(first[0] - started, ended - started, int(result.perf_metrics.get_num_generated_tokens()))
 
 
-def over_http(url: str, png: bytes, tokens: int, prompt: str = PROMPT, timeout: float = 600) -> Sample:
-    """One answer through POST /v1/chat/completions with stream: true, timed at the client."""
+def user_turn(png: bytes, prompt: str = PROMPT) -> dict:
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png)}},
+                                        {"type": "text", "text": prompt}]}
+
+
+@dataclass
+class Answer:
+    """One streamed answer as the client saw it: timings, the text, and the response headers."""
+
+    sample: Sample
+    text: str
+    headers: dict[str, str]
+
+
+def chat_stream(url: str, messages: list[dict], tokens: int, timeout: float = 600) -> Answer:
+    """POST /v1/chat/completions with stream: true and a fixed output length, timed at the client."""
     import requests
 
-    body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png)}},
-                                                      {"type": "text", "text": prompt}]}],
-            "max_tokens": tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {"messages": messages, "max_tokens": tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     first = ended = None
     usage = 0
+    pieces: list[str] = []
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=timeout) as r:
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+        headers = dict(r.headers)
         for line in r.iter_lines():
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
             if chunk.get("usage"):
                 usage = chunk["usage"]["completion_tokens"]
             for choice in chunk["choices"]:
-                if choice["delta"].get("content") and first is None:
-                    first = time.perf_counter()
+                content = choice["delta"].get("content")
+                if content:
+                    pieces.append(content)
+                    if first is None:
+                        first = time.perf_counter()
                 if choice["finish_reason"]:
                     ended = time.perf_counter()
     if first is None or ended is None:
         raise RuntimeError("stream ended without tokens")
-    return Sample(first - started, ended - started, usage)
+    return Answer(Sample(first - started, ended - started, usage), "".join(pieces), headers)
+
+
+def over_http(url: str, png: bytes, tokens: int, prompt: str = PROMPT, timeout: float = 600) -> Sample:
+    """One answer about one image through the OpenAI-compatible streaming endpoint."""
+    return chat_stream(url, [user_turn(png, prompt)], tokens, timeout).sample

@@ -1,0 +1,38 @@
+"""Peak resident memory of a process: the kernel's high-water mark (VmHWM), no sampling gaps."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+
+def parse_status_kib(status_text: str, key: str) -> int | None:
+    """``key`` (e.g. "VmHWM") from /proc/PID/status text, in bytes; None when absent."""
+    for line in status_text.splitlines():
+        name, _, rest = line.partition(":")
+        if name == key:
+            return int(rest.split()[0]) * 1024
+    return None
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """VmHWM of a live process (None once it has gone or on a kernel without /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return parse_status_kib(f.read(), "VmHWM")
+    except OSError:
+        return None
+
+
+def own_peak_rss_bytes() -> int:
+    peak = peak_rss_bytes(os.getpid())
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (gunicorn's worker is the master's child)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []

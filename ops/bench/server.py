@@ -1,0 +1,95 @@
+"""The service as users run it (`vlfleet serve`), started and stopped by a benchmark, with its readiness time
+and the peak RSS of the process that holds the model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ops.bench.memory import children, peak_rss_bytes
+
+# Benchmarks measure generation: repeated prompts must not be answered from the answer cache.
+BENCH_ENV = {"VLFLEET_MAX_TOKENS": "4096", "VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_QUEUE_SIZE": "32",
+             "VLFLEET_LOG_LEVEL": "warning"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_service(model: Path, port: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    vlfleet = Path(sys.executable).with_name("vlfleet")
+    with open(log, "wb") as out:
+        return subprocess.Popen([str(vlfleet), "serve", "--model", str(model), "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **BENCH_ENV, **(env or {})})
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900, log: Path | None = None) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"service exited (code {proc.returncode}) before becoming ready\n{tail}")
+        try:
+            if requests.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"service not ready after {timeout}s")
+
+
+class Server:
+    """``with Server(model, env) as s:`` starts the service, waits for /readyz, and stops it on exit."""
+
+    def __init__(self, model: Path, log: Path, env: dict[str, str] | None = None, ready_timeout: float = 900):
+        self.model, self.log, self.env, self.ready_timeout = model, log, env or {}, ready_timeout
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.cold_start_s: float | None = None
+
+    def __enter__(self) -> Server:
+        started = time.perf_counter()
+        self.proc = start_service(self.model, self.port, self.log, self.env)
+        try:
+            wait_ready(self.url, self.proc, self.ready_timeout, self.log)
+        except BaseException:
+            self.stop()
+            raise
+        # Process start to /readyz 200: interpreter, imports, model compile, warm-up generation.
+        self.cold_start_s = time.perf_counter() - started
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def worker_pid(self) -> int | None:
+        """gunicorn runs the app (and the model) in its one worker, a child of the `vlfleet serve` master."""
+        if self.proc is None:
+            return None
+        kids = children(self.proc.pid)
+        return kids[0] if kids else None
+
+    def peak_rss(self) -> dict[str, int | None]:
+        worker = self.worker_pid()
+        return {"worker": peak_rss_bytes(worker) if worker else None, "master": peak_rss_bytes(self.proc.pid)}
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)

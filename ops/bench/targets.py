@@ -1,0 +1,105 @@
+"""Issue 9's targets, evaluated on one run's results: measured value, threshold, met or not.
+
+Ratios are taken between numbers of the same run. A target whose inputs were not measured in this run
+(``--only`` subset, a failed section) is reported as not evaluated, never as met.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ops.bench.stats import ratio
+
+# llama.cpp llama-server on the same 2b-shape model, this machine (issue 9): the low end of each measured range.
+PEER = {"first_token_s": 4.5, "ms_per_token": 40.5, "peak_rss_bytes": 2.4e9}
+
+
+@dataclass
+class Target:
+    id: str
+    name: str
+    measured: float | None
+    threshold: float
+    unit: str  # "x" for ratios, else the unit of the absolute value
+    higher_is_better: bool = False
+    detail: str = ""
+
+    @property
+    def met(self) -> bool | None:
+        if self.measured is None:
+            return None
+        return self.measured >= self.threshold if self.higher_is_better else self.measured <= self.threshold
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "met": self.met}
+
+
+def dig(results: dict, *path: str | int) -> Any:
+    """results[path[0]][path[1]]..., or None where any step is missing."""
+    node: Any = results
+    for key in path:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _level(levels: list[dict] | None, clients: int) -> dict | None:
+    return next((lv for lv in levels or [] if lv.get("clients") == clients), None)
+
+
+def evaluate(results: dict) -> list[Target]:
+    svc = dig(results, "service", "int4", "image_416") or {}
+    first = svc.get("first_token_s")
+    ms = svc.get("ms_per_token")
+    rss = dig(results, "service", "int4", "peak_rss_bytes")
+    fp32, bf16 = dig(results, "baselines", "fp32") or {}, dig(results, "baselines", "bf16") or {}
+    floor = dig(results, "machine_limit", "floor_ms_per_token", "int4")
+    followup = dig(results, "service", "int4", "followup") or {}
+    overhead = dig(results, "overhead") or {}
+
+    targets = [
+        Target("first-vs-fp32", "first token, int4 / transformers fp32", ratio(first, fp32.get("first_token_s")),
+               0.20, "x"),
+        Target("first-vs-bf16", "first token, int4 / transformers bf16", ratio(first, bf16.get("first_token_s")),
+               0.45, "x"),
+        Target("first-abs", "first token, int4 service (absolute, this machine)", first, 1.2, "s"),
+        Target("tpot-vs-floor", "ms per token, int4 service / bandwidth floor", ratio(ms, floor), 1.15, "x",
+               detail=f"floor {floor:.1f} ms/token" if floor else ""),
+        Target("rss-vs-fp32", "server peak RSS, int4 / transformers fp32", ratio(rss, fp32.get("peak_rss_bytes")),
+               0.30, "x"),
+        Target("followup", "follow-up first token / first question's",
+               ratio(followup.get("followup_first_token_s"), followup.get("first_first_token_s")), 0.35, "x"),
+    ]
+    for engine, levels in (dig(results, "concurrency") or {}).items():
+        one, four = _level(levels, 1), _level(levels, 4)
+        if one is None or four is None:
+            continue
+        targets += [
+            Target(f"c4-throughput-{engine}", f"4 clients ({engine} engine): aggregate tokens/s / one client's",
+                   ratio(four["tokens_per_s"], one["tokens_per_s"]), 2.5, "x", higher_is_better=True),
+            Target(f"c4-errors-{engine}", f"4 clients ({engine} engine): errors", float(four["errors"]), 0, "requests"),
+            Target(f"c4-p95-{engine}", f"4 clients ({engine} engine): p95 first token / one client's",
+                   ratio(four["first_token_p95_s"], one["first_token_p50_s"]), 3.0, "x"),
+        ]
+    targets += [
+        Target("http-first", "HTTP+SSE / in-process VLMPipeline, first token", overhead.get("first_token_s_ratio"),
+               1.05, "x"),
+        Target("http-tpot", "HTTP+SSE / in-process VLMPipeline, ms per token", overhead.get("ms_per_token_ratio"),
+               1.05, "x"),
+        Target("peer-first", "first token below llama-server's (4.5-4.8 s, issue 9)", first, PEER["first_token_s"], "s",
+               detail="peer measured in an earlier run, not this one"),
+        Target("peer-tpot", "ms per token below llama-server's (40.5-45, issue 9)", ms, PEER["ms_per_token"],
+               "ms", detail="peer measured in an earlier run, not this one"),
+        Target("peer-rss", "peak RSS below llama-server's (2.4-2.8 GB, issue 9)", rss, PEER["peak_rss_bytes"],
+               "bytes", detail="peer measured in an earlier run, not this one"),
+    ]
+    return targets
+
+
+def summary(targets: list[Target]) -> dict[str, int]:
+    states = [t.met for t in targets]
+    return {"met": states.count(True), "not_met": states.count(False), "not_evaluated": states.count(None),
+            "total": len(targets)}
