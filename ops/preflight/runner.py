@@ -122,3 +122,31 @@ def run_fleet(inventory: Path | str, hosts: Sequence[str], opts: Options, out_di
     merged = merge(reports, hosts)
     merged.duration_s = time.monotonic() - started
     return merged
+
+
+def run_and_report(inventory: Path | str, hosts: str = "vlm", opts: Options | None = None, *,
+                   junit: str | None = None, json_out: str | None = None, jobs: int = 0, logs: str | None = None,
+                   color: bool = False, echo: Callable[[str], None] = print) -> Report:
+    """The whole fleet run as `vlfleet preflight`, `python -m ops.preflight` and the preflight role do it:
+    resolve hosts, run, print progress and the table, write the reports. Raises PreflightError on bad input."""
+    opts = opts or Options()
+    if opts.waivers:
+        # Absolute: each host's pytest runs from the repository root, not from the caller's directory.
+        opts.waivers = str(Path(opts.waivers).expanduser().resolve())
+        if not Path(opts.waivers).is_file():
+            raise PreflightError(f"waivers file {opts.waivers} not found; see docs/checklist.md (Waivers) for the "
+                                 "format")
+    inv = Path(inventory).expanduser().resolve()
+    names = resolve_hosts(inv, ",".join(h.strip() for h in hosts.split(",") if h.strip()) or "vlm")
+    out_dir = Path(logs).expanduser() if logs else Path(tempfile.mkdtemp(prefix="vlfleet-preflight-"))
+    echo(f"[preflight] checking {len(names)} host(s): {', '.join(names)} (per-host pytest output in {out_dir})")
+    report = run_fleet(inv, names, opts, out_dir=out_dir, jobs=jobs, on_host=lambda h, r: echo(
+        f"[preflight] {h}: done, {len(r.failed_ids(h))} failed" + (f"; {r.run_errors[0]}" if r.run_errors else "")))
+    from ops.preflight.results import render_table
+
+    echo(render_table(report, color=color))
+    if json_out:
+        echo(f"[preflight] JSON report: {report.write_json(Path(json_out).expanduser())}")
+    if junit:
+        echo(f"[preflight] JUnit XML: {report.write_junit(Path(junit).expanduser())}")
+    return report
