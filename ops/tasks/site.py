@@ -39,12 +39,13 @@ def _wheelhouse_dir(wheelhouse: str | None, python: str, inventory: Path) -> Pat
                        f"({json.dumps(versions)}); run `vlfleet site` per group with --limit and --python")
         python = next(iter(versions.values()))
         print(f"[site] hosts run Python {python}")
-    try:
-        from ops import wheelhouse as wheelhouse_mod
-    except ImportError as e:
-        raise Exit("site: ops.wheelhouse is not available; pass --wheelhouse DIR built for the hosts' Python") from e
+    from ops.wheelhouse import DEFAULT_PLATFORM, Target, WheelhouseError, assemble
+
     print(f"[site] building (or reusing) the wheelhouse for Python {python} ...")
-    return Path(wheelhouse_mod.ensure(python=python))
+    try:
+        return assemble(Target(python, DEFAULT_PLATFORM))
+    except WheelhouseError as e:
+        raise Exit(f"site: {e}") from e
 
 
 @task(help={

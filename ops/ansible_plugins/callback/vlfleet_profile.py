@@ -51,7 +51,10 @@ class CallbackModule(CallbackBase):
     def _open(self, task, handler: bool = False) -> None:
         self._close_current()
         role = task._role.get_name(include_role_fqcn=False) if getattr(task, "_role", None) else ""
-        self._current = {"play": self._play, "role": role, "task": task.get_name(), "handler": handler,
+        name = task.get_name()
+        if role and name.startswith(role + " : "):
+            name = name[len(role) + 3:]
+        self._current = {"play": self._play, "role": role, "task": name, "handler": handler,
                          "_t0": time.monotonic()}
 
     def v2_playbook_on_play_start(self, play) -> None:

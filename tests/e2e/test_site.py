@@ -1,0 +1,245 @@
+"""site.yml on the staging fleet (2 nspawn containers + 1 qemu VM in `vlm`, nginx container in `lb`).
+
+One converge, a second run and a --check run are shared by the module (they are the expensive part); each test
+then asserts one fact about the converged fleet, over real SSH and real HTTP.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.fleet, pytest.mark.slow]
+
+CONVERGE_TIMEOUT = 3600
+# What the tests print and what the closing note quotes: per-role wall time of each run.
+PROFILE_FILE = "site-profile.json"
+
+
+def _ssh(host: dict, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    args = ["ssh", "-i", host["ansible_ssh_private_key_file"], *host["ansible_ssh_common_args"].split(),
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"{host['ansible_user']}@{host['ansible_host']}",
+            command]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+
+
+def _sudo(host: dict, command: str, timeout: float = 60) -> str:
+    done = _ssh(host, f"sudo sh -c {json.dumps(command)}", timeout)
+    assert done.returncode == 0, f"{command!r} on {host['ansible_host']}: {done.stderr}"
+    return done.stdout
+
+
+def _extra_vars(artifact: Path, wheelhouse: Path) -> dict:
+    return {
+        "vlfleet_artifact_dir": str(artifact),
+        "vlfleet_wheelhouse_dir": str(wheelhouse),
+        # The lb is another host: the service binds each host's private address (inventory.example does the same).
+        "vlm_service_host": "{{ ansible_host }}",
+        "vlm_service_ready_timeout": 900,
+    }
+
+
+def _print_profile(label: str, run) -> None:
+    roles = ", ".join(f"{r} {s:.1f}s" for r, s in sorted(run.roles.items(), key=lambda kv: -kv[1]))
+    print(f"\n[site] {label}: {run.duration:.1f} s; per role: {roles}\n{run.summary()}")
+
+
+@pytest.fixture(scope="module")
+def wheelhouse() -> Path:
+    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
+
+    return assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)  # Debian 12 staging hosts: Python 3.11
+
+
+@pytest.fixture(scope="module")
+def hosts(staging_fleet) -> dict[str, dict]:
+    from ops.staging.inventory import hosts_of
+
+    return hosts_of(Path(staging_fleet.inventory_path))
+
+
+@pytest.fixture(scope="module")
+def converged(staging_fleet, tiny_model: Path, wheelhouse: Path, tmp_path_factory):
+    """First run, second run and a --check run of site.yml, in that order."""
+    from ops.playbook import run_playbook
+
+    inventory = Path(staging_fleet.inventory_path)
+    extra = _extra_vars(tiny_model, wheelhouse)
+    first = run_playbook(inventory, "site.yml", extra, timeout=CONVERGE_TIMEOUT)
+    _print_profile("first run", first)
+    assert first.ok, f"site.yml failed:\n{first.summary()}"
+    second = run_playbook(inventory, "site.yml", extra, timeout=CONVERGE_TIMEOUT, echo=None)
+    _print_profile("second run", second)
+    check = run_playbook(inventory, "site.yml", extra, check=True, diff=True, timeout=CONVERGE_TIMEOUT, echo=None)
+    _print_profile("check run", check)
+    out = tmp_path_factory.mktemp("site") / PROFILE_FILE
+    out.write_text(json.dumps({name: {"duration": r.duration, "roles": r.roles, "recap": r.recap}
+                               for name, r in (("first", first), ("second", second), ("check", check))}, indent=1))
+    print(f"[site] profile written to {out}")
+    return {"first": first, "second": second, "check": check}
+
+
+def _vlm(hosts: dict[str, dict]) -> dict[str, dict]:
+    return {name: h for name, h in hosts.items() if "vlm" in h["groups"]}
+
+
+def _lb(hosts: dict[str, dict]) -> dict:
+    return next(h for h in hosts.values() if "lb" in h["groups"])
+
+
+def _stream_chat(address: str, port: int) -> tuple[int, list[str]]:
+    """POST a streamed chat request; return the status and the content deltas received."""
+    body = json.dumps({"model": "qwen3-vl-2b-instruct", "stream": True, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "Say hello."}]})
+    conn = http.client.HTTPConnection(address, port, timeout=120)
+    try:
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.getheader("Content-Type", "").startswith("text/event-stream"), resp.getheader("Content-Type")
+        deltas, done = [], False
+        for _ in range(10_000):  # bounded: 8 tokens give a few dozen lines
+            line = resp.readline()
+            if not line:
+                break
+            text = line.decode().strip()
+            if text == "data: [DONE]":
+                done = True
+                break
+            if text.startswith("data: "):
+                chunk = json.loads(text[6:])
+                deltas += [c["delta"].get("content", "") for c in chunk.get("choices", [])]
+        assert done, "stream ended without data: [DONE]"
+        return resp.status, deltas
+    finally:
+        conn.close()
+
+
+def test_site_converges_every_host(converged, hosts):
+    first = converged["first"]
+    for name in hosts:
+        assert name in first.recap, f"{name} missing from the recap"
+        assert first.recap[name]["failures"] == 0 and first.recap[name]["unreachable"] == 0, first.summary()
+
+
+def test_every_host_answers_a_streamed_chat(converged, hosts):
+    for name, host in _vlm(hosts).items():
+        status, deltas = _stream_chat(host["ansible_host"], 8000)
+        assert status == 200, name
+        assert len(deltas) >= 2, f"{name}: too few chunks: {deltas}"
+
+
+def test_nginx_streams_chat_from_the_fleet(converged, hosts):
+    lb = _lb(hosts)
+    for _ in range(len(_vlm(hosts))):
+        status, deltas = _stream_chat(lb["ansible_host"], 80)
+        assert status == 200 and len(deltas) >= 2
+    site = _sudo(lb, "cat /etc/nginx/sites-enabled/vlfleet")
+    for host in _vlm(hosts).values():
+        assert f"server {host['ansible_host']}:8000 " in site
+    assert "proxy_buffering off;" in site
+
+
+def test_second_run_changes_nothing(converged):
+    second = converged["second"]
+    assert second.ok, second.summary()
+    changed = {h: n["changed"] for h, n in second.recap.items() if n["changed"]}
+    assert not changed, f"second run changed {changed}: {second.changed}"
+
+
+def test_check_mode_on_converged_fleet_reports_no_changes(converged):
+    check = converged["check"]
+    assert check.ok, check.summary()
+    changed = {h: n["changed"] for h, n in check.recap.items() if n["changed"]}
+    assert not changed, f"--check would change {changed}: {check.changed}"
+
+
+def _service_pids(host: dict) -> list[int]:
+    # MainPID (launcher, exec'd into gunicorn's master) and its worker: every process of the unit's cgroup.
+    procs = _sudo(host, "cat /sys/fs/cgroup/system.slice/vlfleet.service/cgroup.procs").split()
+    assert procs, "vlfleet.service has no processes"
+    return [int(p) for p in procs]
+
+
+def test_service_has_65535_open_files(converged, hosts):
+    for name, host in _vlm(hosts).items():
+        main_pid = int(_sudo(host, "systemctl show -p MainPID --value vlfleet.service").strip())
+        assert main_pid > 0, name
+        for pid in {main_pid, *_service_pids(host)}:
+            limits = _sudo(host, f"cat /proc/{pid}/limits")
+            assert re.search(r"^Max open files\s+65535\s+65535\s+files", limits, re.M), f"{name} pid {pid}:\n{limits}"
+
+
+def test_service_affinity_equals_launcher_plan(converged, hosts):
+    from service.launcher import parse_cpu_list
+
+    for name, host in _vlm(hosts).items():
+        plan = json.loads(_sudo(host, "cat /run/vlfleet/cpu-plan.json"))
+        assert plan["threads"] == len(plan["cpus"]) >= 1, plan
+        env = _sudo(host, "cat /opt/vlfleet/current/vlfleet.env")
+        assert "VLFLEET_THREADS" not in env  # the launcher sets it from the plan
+        for pid in _service_pids(host):
+            status = _sudo(host, f"cat /proc/{pid}/status")
+            allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M).group(1)
+            assert sorted(parse_cpu_list(allowed)) == plan["cpus"], f"{name} pid {pid}: {allowed} vs {plan}"
+            environ = _sudo(host, f"tr '\\0' '\\n' < /proc/{pid}/environ")
+            assert f"VLFLEET_THREADS={plan['threads']}" in environ.splitlines(), name
+
+
+def test_swap_active_on_vm_and_not_applicable_in_containers(converged, hosts):
+    output = converged["first"].output
+    for name, host in _vlm(hosts).items():
+        swaps = _sudo(host, "cat /proc/swaps")
+        if host["vlfleet_staging_kind"] == "vm":
+            assert "/swapfile" in swaps, f"{name}: {swaps}"
+            assert "/swapfile none swap sw 0 0" in _sudo(host, "cat /etc/fstab")
+            assert _sudo(host, "cat /proc/sys/vm/swappiness").strip() == "10"
+        else:
+            assert "/swapfile" not in swaps
+            assert re.search(rf'ok: \[{name}\] => {{\s*"msg": "not applicable: containers cannot enable swap',
+                             output), f"{name}: no 'not applicable' report in the run output"
+
+
+def test_unit_exposure_at_most_3(converged, hosts):
+    for name, host in _vlm(hosts).items():
+        report = _sudo(host, "systemd-analyze security --no-pager vlfleet.service")
+        level = float(re.search(r"Overall exposure level for vlfleet.service: ([0-9.]+)", report).group(1))
+        print(f"[site] {name}: systemd-analyze security exposure {level}")
+        assert level <= 3.0, report
+
+
+def test_release_layout_and_modes(converged, hosts):
+    for name, host in _vlm(hosts).items():
+        current = _sudo(host, "readlink /opt/vlfleet/current").strip()
+        assert re.fullmatch(r"/opt/vlfleet/releases/[0-9a-f]{12}", current), f"{name}: {current}"
+        assert _sudo(host, f"stat -c '%a %U:%G' {current}/vlfleet.env").split() == ["640", "root:vlfleet"]
+        model_dir = re.search(r"^VLFLEET_MODEL_DIR=(.*)$", _sudo(host, f"cat {current}/vlfleet.env"), re.M).group(1)
+        writable = _sudo(host, f"find {model_dir} -perm /222 | head -3").strip()
+        assert not writable, f"{name}: writable files in the artifact: {writable}"
+        verify = _ssh(host, f"{current}/venv/bin/python -m service.manifest verify --full {model_dir}")
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_host_without_avx2_stops_at_cpu_check(noavx2_fleet, tiny_model: Path, wheelhouse: Path):
+    from ops.playbook import run_playbook
+    from ops.staging.inventory import hosts_of
+
+    inventory = Path(noavx2_fleet.inventory_path)
+    (name, host), = hosts_of(inventory).items()
+    assert "avx2" not in _sudo(host, "grep -m1 '^flags' /proc/cpuinfo").split()
+    run = run_playbook(inventory, "site.yml", _extra_vars(tiny_model, wheelhouse), timeout=900)
+    assert not run.ok
+    failures = run.failed.get(name, [])
+    assert len(failures) == 1 and "cpu-01" in failures[0]["task"], failures
+    model = re.search(r"^model name\s*:\s*(.*)$", _sudo(host, "cat /proc/cpuinfo"), re.M).group(1).strip()
+    assert f"cpu_check failed on {name}: CPU '{model}' lacks avx2." in failures[0]["msg"], failures[0]["msg"]
+    assert "Nothing was installed on this host" in failures[0]["msg"]
+    # Nothing was installed: no tree, no user, no fact file, no swap file, no unit.
+    leftovers = _ssh(host, "ls -d /opt/vlfleet /etc/ansible/facts.d /swapfile /etc/systemd/system/vlfleet.service "
+                           "/etc/security/limits.d/90-vlfleet.conf 2>/dev/null; getent passwd vlfleet")
+    assert leftovers.stdout.strip() == "", leftovers.stdout
+    assert run.changed.get(name, []) == []
