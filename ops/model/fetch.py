@@ -253,6 +253,10 @@ def fetch_url(url: str, *, out: Path | None = None, sha256: str | None = None, p
     origin = {"kind": "url", "uri": redact_url(url), "revision": f"sha256:{digest}"}
     dest = Path(out) if out else cache_root() / "checkpoints" / f"url-{digest[:16]}"
     if (dest / SOURCE_FILE).is_file():
+        recorded = json.loads((dest / SOURCE_FILE).read_text())
+        if recorded.get("revision") != origin["revision"]:
+            raise FetchError(f"{dest} holds another checkpoint ({recorded.get('uri')} @ {recorded.get('revision')}); "
+                             "remove it or choose another --out")
         return Fetched(_checkpoint_root(dest), origin)
     if dest.exists() and any(dest.iterdir()):
         raise FetchError(f"{dest} is not empty; remove it or choose another --out")
