@@ -25,3 +25,64 @@ def bar_chart(path: Path, title: str, groups: dict[str, list[float]], series: li
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def bars(path: Path, title: str, values: dict[str, float], ylabel: str, line: float | None = None,
+         line_label: str = "") -> Path:
+    """One bar per label; ``line`` draws a horizontal reference (a floor, a threshold)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bars_ = ax.bar(list(values), list(values.values()), color="#4c72b0")
+    ax.bar_label(bars_, fmt="%.2f", fontsize=8)
+    if line is not None:
+        ax.axhline(line, color="#c44e52", linestyle="--", label=line_label)
+        ax.legend()
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def suite_charts(results: dict, out_dir: Path) -> list[str]:
+    """The bench's PNGs (file names relative to ``out_dir``) for what this run measured."""
+    from ops.bench.targets import dig
+
+    made: list[str] = []
+    runtimes = {f"transformers {k}": dig(results, "baselines", k) for k in ("fp32", "bf16")}
+    runtimes |= {f"service {k}": dig(results, "service", k, "image_416") for k in ("int8", "int4")}
+    runtimes = {k: v for k, v in runtimes.items() if v}
+    if runtimes:
+        bars(out_dir / "bench-first-token.png", "Time to first token, 416x277 image",
+             {k: v["first_token_s"] for k, v in runtimes.items()}, "seconds")
+        floor = dig(results, "machine_limit", "floor_ms_per_token", "int4")
+        bars(out_dir / "bench-ms-per-token.png", "ms per output token (decode)",
+             {k: v["ms_per_token"] for k, v in runtimes.items()}, "ms/token", floor, "int4 bandwidth floor")
+        made += ["bench-first-token.png", "bench-ms-per-token.png"]
+        rss = {k: dig(results, "baselines", k.split()[-1], "peak_rss_bytes") for k in runtimes if "transformers" in k}
+        rss |= {k: dig(results, "service", k.split()[-1], "peak_rss_bytes") for k in runtimes if "service" in k}
+        rss = {k: v / 1e9 for k, v in rss.items() if v}
+        if rss:
+            bars(out_dir / "bench-peak-rss.png", "Peak RSS of the process holding the model", rss, "GB")
+            made.append("bench-peak-rss.png")
+    images = dig(results, "service", "int4", "images")
+    if images:
+        bars(out_dir / "bench-images.png", "First token by image size (int4 service)",
+             {k: v["first_token_s"] for k, v in images.items()}, "seconds")
+        made.append("bench-images.png")
+    conc = results.get("concurrency")
+    if conc:
+        groups = {}
+        engines = list(conc)
+        for i, levels in enumerate(conc.values()):
+            for lv in levels:
+                groups.setdefault(f"{lv['clients']} clients", [0.0] * len(engines))[i] = lv["tokens_per_s"]
+        bar_chart(out_dir / "bench-concurrency.png", "Aggregate output tokens/s (int4)", groups, engines)
+        made.append("bench-concurrency.png")
+    return made

@@ -1,18 +1,55 @@
-"""`vlfleet bench.*`: benchmarks on the 2b-shape synthetic model; JSON + PNG under results/."""
+"""`vlfleet bench` (all of issue 9's measurements) and `vlfleet bench.service`; JSON + PNG + markdown under results/."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import task
+from invoke import Exit, task
 
 
 def _artifact(weight_format: str) -> Path:
     from ops.model.cache import artifact
     from ops.model.convert import ConvertParams
 
-    print(f"[bench] preparing the 2b-shape {weight_format} artifact (cached after the first build)", flush=True)
     return artifact("2b", ConvertParams(weight_format))
+
+
+def _checkpoint() -> Path:
+    from ops.model.cache import checkpoint
+
+    return checkpoint("2b")
+
+
+@task(default=True, help={
+    "only": "comma-separated subset: machine, baselines, int8, int4, images, followup, concurrency, overhead, "
+            "levers (A/B, off by default), or service (= int4,images,followup)",
+    "quick": "fewer runs (2), one baseline run, clients 1/2/4 once each: a check of the harness, not a result",
+    "runs": "measured answers per configuration (default 5; 2 with --quick)",
+    "tokens": "new tokens per answer (default 64)",
+    "out": "results directory (default results/, or results/quick for --quick/--only runs)",
+})
+def run(c, only=None, quick=False, runs=None, tokens=64, out=None):
+    """Run the benchmark suite on the 2b-shape model (~30-40 min in full; artifacts are built on first use)."""
+    from ops.bench.suite import Plan, parse_only
+    from ops.bench.suite import run as run_suite
+
+    try:
+        sections = parse_only(only)
+    except ValueError as e:
+        raise Exit(f"--only: {e}") from None
+    target = Path(out) if out else Path("results/quick" if quick or only else "results")
+    plan = Plan.quick(sections=sections, out=target, tokens=int(tokens)) if quick else \
+        Plan(sections=sections, out=target, tokens=int(tokens))
+    if runs is not None:
+        plan.runs = int(runs)
+    if plan.runs < 1 or plan.tokens < 2:
+        raise Exit("--runs must be >= 1 and --tokens >= 2 (ms/token needs two tokens)")
+    print(f"[bench] sections: {', '.join(plan.sections)}; {plan.runs} runs, {plan.tokens} tokens; "
+          f"logs in {plan.log_dir}; preparing 2b-shape artifacts (cached after the first build)", flush=True)
+    results = run_suite(plan, _artifact, _checkpoint)
+    failed = results.get("errors") or {}
+    if failed:
+        raise Exit(f"sections failed: {', '.join(failed)}; see {target}/bench.md and the logs in {plan.log_dir}")
 
 
 @task(help={"runs": "measured runs per path (default 5)", "tokens": "new tokens per answer (default 64)",
@@ -21,6 +58,7 @@ def service(c, runs=5, tokens=64, out="results", model=None):
     """HTTP+SSE path vs in-process VLMPipeline: first token and ms/token, same run."""
     from ops.bench.service_overhead import run
 
+    print("[bench] preparing the 2b-shape int4 artifact (cached after the first build)", flush=True)
     result = run(Path(model) if model else _artifact("int4"), Path(out), int(runs), int(tokens))
     print(f"first token: in-process {result['in_process']['first_token_s']:.3f}s, "
           f"http {result['http_sse']['first_token_s']:.3f}s (x{result['first_token_s_ratio']:.3f})")

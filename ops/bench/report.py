@@ -1,0 +1,150 @@
+"""results/bench.md: one run's numbers as markdown tables, targets first. Pure: results dict in, text out."""
+
+from __future__ import annotations
+
+from ops.bench.stats import ratio
+from ops.bench.targets import Target, dig, summary
+
+GB = 1e9
+
+
+def num(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def gb(value: float | None) -> str:
+    return num(None if value is None else value / GB, 2)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _measured(t: Target) -> str:
+    if t.measured is None:
+        return "not measured"
+    if t.unit == "bytes":
+        return f"{t.measured / GB:.2f} GB"
+    return f"{t.measured:.3g}{' ' + t.unit if t.unit != 'x' else 'x'}"
+
+
+def _threshold(t: Target) -> str:
+    op = ">=" if t.higher_is_better else "<="
+    if t.unit == "bytes":
+        return f"{op} {t.threshold / GB:.2f} GB"
+    return f"{op} {t.threshold:g}{' ' + t.unit if t.unit != 'x' else 'x'}"
+
+
+def targets_table(targets: list[Target]) -> str:
+    mark = {True: "met", False: "**not met**", None: "not evaluated"}
+    rows = [[t.name, _measured(t), _threshold(t), mark[t.met], t.detail] for t in targets]
+    return table(["target", "measured", "threshold", "result", "note"], rows)
+
+
+def runtime_rows(results: dict) -> list[list[str]]:
+    fp32 = dig(results, "baselines", "fp32") or {}
+    rows = []
+    entries = [(f"transformers {k}", dig(results, "baselines", k), None) for k in ("fp32", "bf16")]
+    entries += [(f"service {k} (HTTP+SSE)", dig(results, "service", k, "image_416"), dig(results, "service", k))
+                for k in ("int8", "int4")]
+    for name, summ, server in entries:
+        if not summ:
+            continue
+        rss = summ.get("peak_rss_bytes") if server is None else server.get("peak_rss_bytes")
+        cold = summ.get("load_s") if server is None else server.get("cold_start_s")
+        rows.append([name, num(summ["first_token_s"]), num(summ["ms_per_token"], 1), num(summ["total_s"]), gb(rss),
+                     num(cold, 1), num(ratio(summ["first_token_s"], fp32.get("first_token_s")), 3, "x"),
+                     num(ratio(summ["ms_per_token"], fp32.get("ms_per_token")), 3, "x"),
+                     num(ratio(rss, fp32.get("peak_rss_bytes")), 3, "x")])
+    return rows
+
+
+def render(results: dict, charts: list[str] | None = None) -> str:
+    meta = results.get("meta", {})
+    out = [f"# vlfleet bench: {meta.get('started', '')}", ""]
+    machine = meta.get("machine", {})
+    out.append(f"Machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} CPUs, "
+               f"{gb(machine.get('memory_bytes'))} GB RAM, load average at start {machine.get('loadavg', '?')}. "
+               f"Model: 2b-shape synthetic Qwen3-VL (real compute and memory, DESIGN.md §4). "
+               f"{meta.get('tokens', '?')} new tokens (fixed, greedy), image {meta.get('image', '416x277')}, "
+               f"medians of {meta.get('runs', '?')} runs. Ratios are within this run; absolute times are context.")
+    out.append("")
+    targets = [Target(**{k: v for k, v in t.items() if k != "met"}) for t in results.get("targets", [])]
+    if targets:
+        s = summary(targets)
+        out += ["## Targets (issue 9)", "",
+                f"{s['met']} met, {s['not_met']} not met, {s['not_evaluated']} not evaluated of {s['total']}.", "",
+                targets_table(targets), ""]
+    rows = runtime_rows(results)
+    if rows:
+        out += ["## Runtimes (416x277 image)", "", table(
+            ["runtime", "first token (s)", "ms/token", "total (s)", "peak RSS (GB)", "load / cold start (s)",
+             "first token vs fp32", "ms/token vs fp32", "RSS vs fp32"], rows), "",
+            "Baselines: load_s is loading the checkpoint in-process; the service's column is process start to "
+            "/readyz 200 (imports, compile, warm-up). Service peak RSS is the gunicorn worker's VmHWM.", ""]
+    limit = results.get("machine_limit")
+    if limit:
+        bw = limit["bandwidth"]
+        out += ["## Machine limit", "",
+                f"Memory read bandwidth (numpy, best of {bw['passes']} passes over {bw['array_bytes'] / 2**30:.1f} "
+                f"GiB): {bw['one_thread'] / GB:.1f} GB/s on one thread, {bw['all_threads'] / GB:.1f} GB/s on "
+                f"{bw['threads']} threads. The floor uses the {bw['threads']}-thread figure (the service decodes on "
+                "all cores).", ""]
+        rows = []
+        for fmt, w in limit.get("weights", {}).items():
+            measured = dig(results, "service", fmt, "image_416", "ms_per_token")
+            floor = limit["floor_ms_per_token"].get(fmt)
+            rows.append([fmt, gb(w["total"]), gb(w["lm_head"]), num(floor, 1), num(measured, 1),
+                         num(ratio(measured, floor), 2, "x")])
+        out += [table(["weights", "LM bytes read per token (GB)", "of which lm_head (GB)", "floor ms/token",
+                       "measured ms/token", "measured / floor"], rows), ""]
+        if limit.get("kv_bytes_per_token"):
+            out += [f"KV cache read per token at the end of the answer: "
+                    f"{limit['kv_bytes_per_token'] / 1e6:.1f} MB (u8), not in the floor.", ""]
+    images = dig(results, "service", "int4", "images")
+    if images:
+        rows = [[name, v["downscale"], v.get("sent_size", ""), num(v["first_token_s"]), num(v["ms_per_token"], 1),
+                 num(v["total_s"])] for name, v in images.items()]
+        out += ["## Image sizes (int4)", "", table(
+            ["image", "service downscaling", "size the model saw", "first token (s)", "ms/token", "total (s)"],
+            rows), ""]
+    fu = dig(results, "service", "int4", "followup")
+    if fu:
+        out += ["## Follow-up on the same image (int4)", "", table(
+            ["", "first token (s)", "conversation continued"],
+            [["first question", num(fu["first_first_token_s"]), ""],
+             ["follow-up", num(fu["followup_first_token_s"]), f"{fu['reused']}/{fu['runs']}"],
+             ["ratio", num(ratio(fu["followup_first_token_s"], fu["first_first_token_s"]), 3, "x"), ""]]), ""]
+    conc = results.get("concurrency")
+    if conc:
+        rows = []
+        for engine, levels in conc.items():
+            one = next((lv for lv in levels if lv["clients"] == 1), None)
+            for lv in levels:
+                rows.append([engine, str(lv["clients"]), num(lv["tokens_per_s"], 1),
+                             num(ratio(lv["tokens_per_s"], one and one["tokens_per_s"]), 2, "x"),
+                             num(lv["first_token_p50_s"]), num(lv["first_token_p95_s"]), str(lv["errors"])])
+        out += ["## Concurrency (int4, each client its own 416-px image)", "", table(
+            ["engine", "clients", "output tokens/s", "vs one client", "p50 first token (s)", "p95 first token (s)",
+             "errors"], rows), ""]
+    ov = results.get("overhead")
+    if ov:
+        out += ["## HTTP+SSE vs in-process VLMPipeline (int4)", "", table(
+            ["path", "first token (s)", "ms/token"],
+            [["in-process", num(ov["in_process"]["first_token_s"], 3), num(ov["in_process"]["ms_per_token"], 1)],
+             ["HTTP+SSE", num(ov["http_sse"]["first_token_s"], 3), num(ov["http_sse"]["ms_per_token"], 1)],
+             ["ratio", num(ov["first_token_s_ratio"], 3, "x"), num(ov["ms_per_token_ratio"], 3, "x")]]), ""]
+    levers = results.get("levers")
+    if levers:
+        rows = [[lv["name"], lv["setting"], num(lv["first_token_s"]), num(lv["ms_per_token"], 1),
+                 gb(lv.get("peak_rss_bytes"))] for lv in levers]
+        out += ["## Levers (A/B, int4)", "", table(["lever", "setting", "first token (s)", "ms/token",
+                                                    "peak RSS (GB)"], rows), ""]
+    errors = results.get("errors")
+    if errors:
+        out += ["## Sections that failed", ""] + [f"- {name}: {msg}" for name, msg in errors.items()] + [""]
+    if charts:
+        out += ["## Charts", ""] + [f"![{c}]({c})" for c in charts] + [""]
+    return "\n".join(out)

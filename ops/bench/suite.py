@@ -1,0 +1,294 @@
+"""`vlfleet bench`: every measurement of issue 9 in one run, written as results/bench.json, .md and PNGs.
+
+Sections run in order and each failure is recorded, not fatal, so one broken part still leaves the
+rest of the numbers. Every answer about a first question uses a fresh image (a different seed, same size
+and statistics) so no run is a prefix-cache hit on an earlier one; repeats of the *same* request would
+measure caches, not the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from ops.bench import bandwidth, baseline, concurrency, service_overhead, targets, workload
+from ops.bench.charts import suite_charts
+from ops.bench.report import render
+from ops.bench.server import Server
+
+SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead")
+EXTRA_SECTIONS = ("levers",)  # only when asked for: A/B of service settings
+FOLLOWUP = "What are the main colors, and where are they?"
+FULL_SIDE = (1200, 800)
+
+
+@dataclass
+class Plan:
+    sections: tuple[str, ...] = SECTIONS
+    runs: int = 5
+    baseline_runs: int = 2
+    tokens: int = 64
+    clients: tuple[int, ...] = (1, 2, 4, 8)
+    rounds: int = 2  # requests per client per concurrency level
+    out: Path = Path("results")
+    engines: tuple[str, ...] = ()  # filled from the service's settings
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vlfleet-bench-")))
+
+    @classmethod
+    def quick(cls, **kw) -> Plan:
+        return cls(runs=2, baseline_runs=1, clients=(1, 2, 4), rounds=1, **kw)
+
+
+def parse_only(only: str | None) -> tuple[str, ...]:
+    """``--only service,concurrency`` -> sections in run order; "service" means int4+images+followup."""
+    if not only:
+        return SECTIONS
+    aliases = {"service": ("int4", "images", "followup"), "baseline": ("baselines",)}
+    wanted: set[str] = set()
+    for name in (part.strip() for part in only.split(",") if part.strip()):
+        if name in aliases:
+            wanted.update(aliases[name])
+        elif name in SECTIONS + EXTRA_SECTIONS:
+            wanted.add(name)
+        else:
+            raise ValueError(f"unknown section {name!r}; choose from: {', '.join(SECTIONS + EXTRA_SECTIONS)}, "
+                             "service")
+    return tuple(s for s in SECTIONS + EXTRA_SECTIONS if s in wanted)
+
+
+def service_engines() -> tuple[tuple[str, ...], str | None]:
+    """Engines the service offers (VLFLEET_ENGINE) and its default; ("serial",) before that setting exists."""
+    from service.settings import FIELDS
+
+    engine = next((f for f in FIELDS if f.name == "engine"), None)
+    if engine is None:
+        return ("serial",), None
+    names = []
+    for candidate in ("serial", "batching"):
+        try:
+            engine.parse(candidate)
+            names.append(candidate)
+        except ValueError:
+            pass
+    return tuple(names) or (engine.default,), engine.default
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        print(f"[bench {time.monotonic() - self.started:6.0f}s] {message}", flush=True)
+
+
+def _machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    versions = {}
+    for pkg in ("openvino", "openvino-genai", "torch", "transformers", "numpy"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {"cpu": cpu, "cpus": len(os.sched_getaffinity(0)), "memory_bytes": os.sysconf("SC_PAGE_SIZE") *
+            os.sysconf("SC_PHYS_PAGES"), "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+            "python": platform.python_version(), "versions": versions}
+
+
+def _answers(url: str, plan: Plan, width: int, height: int, seed: int, say: Callable[[str], None],
+             label: str) -> dict:
+    """``plan.runs`` answers, each about a fresh image of ``width`` x ``height``, after one discarded warm-up."""
+    workload.over_http(url, workload.test_image(width, height, seed=seed + 999), 8)
+    samples = []
+    for i in range(plan.runs):
+        samples.append(workload.over_http(url, workload.test_image(width, height, seed=seed + i), plan.tokens))
+        s = samples[-1]
+        say(f"{label} run {i + 1}/{plan.runs}: first token {s.first_token_s:.2f}s, {s.ms_per_token:.1f} ms/token, "
+            f"{s.tokens} tokens")
+    return workload.summarize(samples)
+
+
+def _followup(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
+    firsts, seconds, reused = [], [], 0
+    for i in range(plan.runs):
+        png = workload.test_image(seed=300 + i)
+        first = workload.chat_stream(url, [workload.user_turn(png)], plan.tokens)
+        messages = [workload.user_turn(png), {"role": "assistant", "content": first.text},
+                    {"role": "user", "content": FOLLOWUP}]
+        second = workload.chat_stream(url, messages, plan.tokens)
+        reused += second.headers.get("X-Session-Reused") == "1"
+        firsts.append(first.sample)
+        seconds.append(second.sample)
+        say(f"follow-up pair {i + 1}/{plan.runs}: first question {first.sample.first_token_s:.2f}s, follow-up "
+            f"{second.sample.first_token_s:.2f}s (continued: {second.headers.get('X-Session-Reused')})")
+    a, b = workload.summarize(firsts), workload.summarize(seconds)
+    return {"runs": plan.runs, "reused": reused, "first_first_token_s": a["first_token_s"],
+            "followup_first_token_s": b["first_token_s"], "first": a, "followup": b}
+
+
+def _concurrency(url: str, plan: Plan, say: Callable[[str], None], engine: str) -> list[dict]:
+    levels = []
+    for n in plan.clients:
+        lv = concurrency.level(url, n, plan.tokens, rounds=plan.rounds, seed_base=1000 + 100 * n)
+        levels.append(lv)
+        say(f"concurrency ({engine}) {n} clients: {lv['tokens_per_s']:.1f} tokens/s, p50/p95 first token "
+            f"{lv['first_token_p50_s'] or 0:.2f}/{lv['first_token_p95_s'] or 0:.2f}s, errors {lv['errors']}")
+    return levels
+
+
+def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Path]) -> dict:
+    """Run ``plan``; ``artifact(fmt)`` / ``checkpoint()`` give (and build if needed) the 2b-shape inputs."""
+    say = Progress()
+    engines, default_engine = service_engines()
+    plan.engines = plan.engines or engines
+    results: dict = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": _machine(),
+                              "tokens": plan.tokens, "runs": plan.runs, "baseline_runs": plan.baseline_runs,
+                              "sections": list(plan.sections), "image": "416x277 PNG (a fresh seed per run)",
+                              "engines": list(plan.engines), "default_engine": default_engine or "serial"},
+                     "service": {}, "errors": {}}
+
+    def section(name: str, fn: Callable[[], None]) -> None:
+        if name not in plan.sections:
+            return
+        say(f"== {name}")
+        try:
+            fn()
+        except Exception as e:  # recorded in the results; the other sections still run
+            results["errors"][name] = f"{type(e).__name__}: {e}"[:500]
+            say(f"{name} FAILED: {results['errors'][name]}")
+
+    def machine() -> None:
+        bw = bandwidth.measure_bandwidth()
+        say(f"read bandwidth {bw.one_thread / 1e9:.1f} GB/s one thread, {bw.all_threads / 1e9:.1f} GB/s "
+            f"{bw.threads} threads")
+        limit: dict = {"bandwidth": bw.as_dict(), "weights": {}, "floor_ms_per_token": {}}
+        for fmt in ("int4", "int8"):
+            w = bandwidth.artifact_weight_bytes(artifact(fmt))
+            limit["weights"][fmt] = w.as_dict()
+            limit["floor_ms_per_token"][fmt] = bandwidth.floor_ms_per_token(w.total, bw.all_threads)
+            say(f"{fmt}: {w.total / 1e9:.3f} GB of language-model weights per token -> floor "
+                f"{limit['floor_ms_per_token'][fmt]:.1f} ms/token")
+        config = json.loads((artifact("int4") / "config.json").read_text())
+        limit["kv_bytes_per_token"] = bandwidth.kv_bytes_per_token(config, 200 + plan.tokens)
+        results["machine_limit"] = limit
+
+    def baselines() -> None:
+        results["baselines"] = {}
+        for dtype in ("fp32", "bf16"):
+            say(f"transformers {dtype}: subprocess, {plan.baseline_runs} runs after a warm-up")
+            r = baseline.run_subprocess(checkpoint(), dtype, plan.tokens, plan.baseline_runs)
+            results["baselines"][dtype] = r
+            say(f"transformers {dtype}: first token {r['first_token_s']:.2f}s, {r['ms_per_token']:.1f} ms/token, "
+                f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB")
+
+    def server(fmt: str, log: str, env: dict[str, str] | None = None) -> Server:
+        say(f"starting the service on the {fmt} artifact {env or ''}")
+        return Server(artifact(fmt), plan.log_dir / log, env)
+
+    def int8() -> None:
+        with server("int8", "int8.log") as s:
+            say(f"int8 ready after {s.cold_start_s:.1f}s")
+            entry = {"cold_start_s": s.cold_start_s, "image_416": _answers(s.url, plan, 416, 277, 0, say, "int8")}
+            entry["peak_rss_bytes"] = s.peak_rss()["worker"]
+        results["service"]["int8"] = entry
+
+    main_int4 = {"int4", "images", "followup", "concurrency"} & set(plan.sections)
+    if main_int4 and "int4" not in plan.sections:
+        plan.sections = (*plan.sections, "int4")  # the others need its server; it is cheap next to them
+
+    def int4() -> None:
+        entry: dict = {"engine": default_engine or "serial"}
+        results["service"]["int4"] = entry
+        with server("int4", "int4.log") as s:
+            say(f"int4 ready after {s.cold_start_s:.1f}s")
+            entry["cold_start_s"] = s.cold_start_s
+            entry["image_416"] = _answers(s.url, plan, 416, 277, 0, say, "int4 416x277")
+            section("images", lambda: images(s.url, entry))
+            section("followup", lambda: entry.update(followup=_followup(s.url, plan, say)))
+            entry["peak_rss_bytes"] = s.peak_rss()["worker"]
+            say(f"int4 peak RSS (worker VmHWM) {entry['peak_rss_bytes'] / 1e9:.2f} GB")
+            if "concurrency" in plan.sections:
+                section("concurrency", lambda: results.setdefault("concurrency", {}).update(
+                    {entry["engine"]: _concurrency(s.url, plan, say, entry["engine"])}))
+                entry["peak_rss_after_concurrency_bytes"] = s.peak_rss()["worker"]
+        if "images" in plan.sections:
+            section("images", lambda: full_size_images(entry))
+        if "concurrency" in plan.sections:
+            for engine in plan.engines:
+                if engine != entry["engine"]:
+                    section("concurrency", lambda e=engine: other_engine(e))
+
+    def images(url: str, entry: dict) -> None:
+        entry["images"] = {"416x277": {**entry["image_416"], "downscale": "on", "sent_size": "416x277"}}
+        w, h = FULL_SIDE
+        r = _answers(url, plan, w, h, 500, say, f"int4 {w}x{h} downscaled")
+        entry["images"][f"{w}x{h}"] = {**r, "downscale": "on", "sent_size": "448x299"}
+
+    def full_size_images(entry: dict) -> None:
+        w, h = FULL_SIDE
+        with server("int4", "int4-full.log", {"VLFLEET_IMAGE_MAX_SIDE": "0"}) as s:
+            r = _answers(s.url, plan, w, h, 500, say, f"int4 {w}x{h} full size")
+        entry["images"][f"{w}x{h} (no downscale)"] = {**r, "downscale": "off", "sent_size": f"{w}x{h}"}
+
+    def other_engine(engine: str) -> None:
+        with server("int4", f"int4-{engine}.log", {"VLFLEET_ENGINE": engine}) as s:
+            results["service"][f"int4_{engine}"] = {
+                "engine": engine, "cold_start_s": s.cold_start_s,
+                "image_416": _answers(s.url, plan, 416, 277, 0, say, f"int4 {engine} 416x277")}
+            results.setdefault("concurrency", {})[engine] = _concurrency(s.url, plan, say, engine)
+            results["service"][f"int4_{engine}"]["peak_rss_bytes"] = s.peak_rss()["worker"]
+
+    def overhead() -> None:
+        results["overhead"] = service_overhead.measure(artifact("int4"), plan.runs, plan.tokens)
+        say(f"HTTP+SSE / in-process: first token x{results['overhead']['first_token_s_ratio']:.3f}, "
+            f"ms/token x{results['overhead']['ms_per_token_ratio']:.3f}")
+
+    def levers() -> None:
+        results["levers"] = lever_ab(plan, artifact, say)
+
+    section("machine", machine)
+    section("baselines", baselines)
+    section("int8", int8)
+    section("int4", int4)
+    section("overhead", overhead)
+    section("levers", levers)
+    results["targets"] = [t.as_dict() for t in targets.evaluate(results)]
+    results["meta"]["elapsed_s"] = time.monotonic() - say.started
+    write(results, plan.out)
+    say(f"done in {results['meta']['elapsed_s'] / 60:.1f} min: {plan.out}/bench.json, bench.md and PNGs")
+    return results
+
+
+LEVERS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("baseline", "service defaults", {}),
+    ("threads", "VLFLEET_THREADS=1", {"VLFLEET_THREADS": "1"}),
+    ("image budget", "VLFLEET_IMAGE_MAX_SIDE=320 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "320"}),
+    ("image budget", "VLFLEET_IMAGE_MAX_SIDE=448 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "448"}),
+)
+
+
+def lever_ab(plan: Plan, artifact: Callable[[str], Path], say: Callable[[str], None]) -> list[dict]:
+    """Quick A/B of service settings on the int4 artifact: one server per setting, same workload."""
+    rows = []
+    for name, setting, env in LEVERS:
+        size = FULL_SIDE if "1200x800" in setting else (416, 277)
+        with Server(artifact("int4"), plan.log_dir / f"lever-{len(rows)}.log", env) as s:
+            r = _answers(s.url, plan, *size, 700, say, f"lever {setting}")
+            rows.append({"name": name, "setting": setting, "cold_start_s": s.cold_start_s,
+                         "first_token_s": r["first_token_s"], "ms_per_token": r["ms_per_token"],
+                         "peak_rss_bytes": s.peak_rss()["worker"], "runs": r["runs"]})
+    return rows
+
+
+def write(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    charts = suite_charts(results, out)
+    (out / "bench.md").write_text(render(results, charts))

@@ -1,0 +1,31 @@
+"""Choosing what `vlfleet bench` runs: --only sections, quick plans, engines offered by the service."""
+
+from __future__ import annotations
+
+import pytest
+
+from ops.bench.suite import SECTIONS, Plan, parse_only, service_engines
+
+
+def test_only_keeps_run_order_and_expands_service():
+    assert parse_only("concurrency,service") == ("int4", "images", "followup", "concurrency")
+    assert parse_only(None) == SECTIONS
+    assert "levers" not in parse_only(None)
+    assert parse_only("levers,machine") == ("machine", "levers")
+
+
+def test_only_rejects_unknown_sections_with_the_choices():
+    with pytest.raises(ValueError, match="choose from: machine, baselines"):
+        parse_only("machine,gpu")
+
+
+def test_quick_plan_is_smaller_than_the_full_one():
+    quick, full = Plan.quick(), Plan()
+    assert quick.runs < full.runs and quick.rounds <= full.rounds
+    assert max(quick.clients) == 4 and max(full.clients) == 8
+
+
+def test_engines_come_from_the_service_settings():
+    engines, default = service_engines()
+    assert engines and set(engines) <= {"serial", "batching"}
+    assert default is None or default in engines
