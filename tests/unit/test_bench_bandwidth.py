@@ -9,7 +9,8 @@ from ops.bench.bandwidth import floor_ms_per_token, ir_weight_bytes, kv_bytes_pe
 IR = """<?xml version="1.0"?>
 <net name="lm" version="11">
   <layers>
-    <layer id="0" name="inputs_embeds" type="Parameter" version="opset1"><data shape="?,?,2048" element_type="f32"/></layer>
+    <layer id="0" name="inputs_embeds" type="Parameter" version="opset1">
+      <data shape="?,?,2048" element_type="f32"/></layer>
     <layer id="1" name="w_q" type="Const" version="opset1">
       <data element_type="u4" shape="2048, 16, 128" offset="0" size="2097152"/></layer>
     <layer id="2" name="w_q_scale" type="Const" version="opset1">
