@@ -259,6 +259,9 @@ def get(name: str = "default") -> Fleet | None:
 def down(name: str = "default") -> list[str]:
     """Remove everything fleet ``name`` created. Returns what could not be removed (empty: all gone)."""
     _check_name(name)
+    if not _state_path(name).is_file():
+        log(f"fleet {name!r} is not up (no state); nothing to remove")
+        return []
     require_root()
     t0 = time.monotonic()
     with _fleet_lock(name):
