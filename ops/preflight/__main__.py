@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--junit", help="write JUnit XML here")
     p.add_argument("--json", help="write the JSON report here")
     p.add_argument("--jobs", type=int, default=0, help="hosts checked at once (default: all, up to 16)")
-    p.add_argument("--stream-timeout", type=float, default=120.0, help="bound of the STREAM check (default: 120 s)")
+    p.add_argument("--stream-timeout", type=float, default=120.0, help="bound of the SVC-STREAM check (default: 120 s)")
     p.add_argument("--logs", help="directory for each host's pytest output (default: a temporary directory)")
     p.add_argument("--color", action="store_true", help="colour the table")
     a = p.parse_args(argv)

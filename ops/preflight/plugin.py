@@ -108,7 +108,7 @@ class PreflightPlugin:
         status, message = _status(report, call, item)
         result = Result(host, cid, status, message, duration_s=round(report.duration, 3))
         if status == BLOCKED:
-            self.raw_failed.add((host, cid))  # blocked propagates: READYZ blocked -> STREAM blocked
+            self.raw_failed.add((host, cid))  # blocked propagates: SVC-READYZ blocked -> SVC-STREAM blocked
         if status == FAIL:
             self.raw_failed.add((host, cid))
             waiver = self.waivers.find(cid, host)

@@ -28,6 +28,7 @@ class Check:
     description: str  # one line: what must be true
     remediation: str  # exactly what to run or change when it is not
     depends_on: tuple[str, ...] = ()
+    not_applicable: str = ""  # where the check reports n/a instead of pass or fail (docs)
 
 
 CHECKS: tuple[Check, ...] = (
@@ -44,7 +45,9 @@ CHECKS: tuple[Check, ...] = (
           "waive this check for hosts that are slow on purpose (`--ignore CPU-AVX512`)."),
     Check("CPU-GOVERNOR", WARNING, "cpu", "Every CPU's cpufreq governor is `performance`.",
           f"Run `{SITE} --tags cpu_tuning` (sets the governor now and at boot via vlfleet-cpu-tuning.service); "
-          "by hand: `echo performance | sudo tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor`."),
+          "by hand: `echo performance | sudo tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor`.",
+          not_applicable="containers, and hosts whose kernel exposes no cpufreq (most VMs: the hypervisor owns the "
+                         "frequency)"),
     Check("RELEASE-LAYOUT", ERROR, "runtime",
           "/opt/vlfleet/current points to a release with venv/bin/python and vlfleet.env.",
           f"Install a release: `{SITE} --tags python_runtime,vlm_service`. If `current` points to a deleted "
@@ -71,7 +74,8 @@ CHECKS: tuple[Check, ...] = (
           "`sudo systemctl enable --now tmp.mount`), and free space there (`sudo du -xsh /tmp/* /var/tmp/*`)."),
     Check("SWAP-ACTIVE", ERROR, "system", "Swap is active and RAM + swap cover the model's peak RSS + 1 GiB.",
           f"Run `{SITE} --tags swap` (creates /swapfile, swapon, fstab entry); by hand: "
-          "`sudo swapon -a` if /swapfile is in /etc/fstab. Size it with swap_file_size_mb."),
+          "`sudo swapon -a` if /swapfile is in /etc/fstab. Size it with swap_file_size_mb.",
+          not_applicable="containers (swapon is refused; swap is the container host's)"),
     Check("MEM-HEADROOM", ERROR, "system",
           "Available memory (+ free swap) lets the service reach the model's peak RSS with 512 MiB to spare.",
           "Stop other memory users on the host (`ps aux --sort=-rss | head`), add swap "
@@ -92,7 +96,7 @@ CHECKS: tuple[Check, ...] = (
     Check("SVC-RESTART", ERROR, "service", "vlfleet.service restarts on failure (Restart= set, RestartSec > 0).",
           f"Run `{SITE} --tags vlm_service` (the unit sets Restart=on-failure); remove drop-ins that override "
           "Restart= (`systemctl cat vlfleet` lists them), then `sudo systemctl daemon-reload`."),
-    Check("NOFILE", ERROR, "service", "The running service process may open >= 65535 files (/proc/PID/limits).",
+    Check("SVC-NOFILE", ERROR, "service", "The running service process may open >= 65535 files (/proc/PID/limits).",
           "Remove the drop-in that lowers LimitNOFILE (`systemctl cat vlfleet` shows it, under "
           "/etc/systemd/system/vlfleet.service.d/), or set vlfleet_nofile and run `" + SITE + " --tags "
           "vlm_service`; then `sudo systemctl daemon-reload && sudo systemctl restart vlfleet`.",
@@ -107,20 +111,21 @@ CHECKS: tuple[Check, ...] = (
           "Set vlm_service_host / vlm_service_port in the inventory and run `" + SITE + " --tags vlm_service`; "
           "if another process holds the port, find it with `sudo ss -ltnp 'sport = :PORT'` and stop it.",
           depends_on=("SVC-ACTIVE",)),
-    Check("READYZ", ERROR, "service", "GET /readyz answers 200 (model loaded and warmed up).",
+    Check("SVC-READYZ", ERROR, "service", "GET /readyz answers 200 (model loaded and warmed up).",
           "Read the reason in the /readyz body and `sudo journalctl -u vlfleet -n 100`; a model still loading "
           "needs time, a failed load needs the artifact fixed (see MODEL-ARTIFACT), then "
           "`sudo systemctl restart vlfleet`.",
           depends_on=("SVC-ACTIVE",)),
-    Check("STREAM", ERROR, "service",
+    Check("SVC-STREAM", ERROR, "service",
           "POST /v1/chat/completions with stream=true (one image) streams tokens and [DONE] within the bound.",
           "Read `sudo journalctl -u vlfleet -n 100` for the request's error; a slow answer means an overloaded "
           "host (see CPU-AFFINITY, MEM-HEADROOM) or a too large VLFLEET_IMAGE_MAX_SIDE; then "
           "`sudo systemctl restart vlfleet`.",
-          depends_on=("READYZ",)),
+          depends_on=("SVC-READYZ",)),
     Check("CLOCK-SYNC", WARNING, "system", "The system clock is synchronised (NTP).",
           "`sudo timedatectl set-ntp true` with systemd-timesyncd or chrony installed and an NTP server reachable "
-          "(`timedatectl timesync-status` / `chronyc tracking` say which)."),
+          "(`timedatectl timesync-status` / `chronyc tracking` say which).",
+          not_applicable="containers (the clock is the container host's kernel clock)"),
 )
 
 _BY_ID = {c.id: c for c in CHECKS}

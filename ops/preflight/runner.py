@@ -48,6 +48,8 @@ def _env() -> dict[str, str]:
     env = ansible_env()
     # testinfra's ansible:// backend shells out to ansible-inventory: the venv's, not whatever is on PATH.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # The checklist needs testinfra only (loaded with -p); other installed plugins cost seconds of start-up.
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return env
 
 
@@ -67,7 +69,8 @@ def resolve_hosts(inventory: Path | str, pattern: str = "vlm", timeout: float = 
 
 
 def pytest_argv(host: str, inventory: Path | str, opts: Options, json_path: Path) -> list[str]:
-    argv = [sys.executable, "-m", "pytest", str(CHECKLIST), "-p", "no:cacheprovider", "-q", "-rN",
+    argv = [sys.executable, "-m", "pytest", str(CHECKLIST), "-p", "testinfra.plugin", "-p", "no:cacheprovider", "-q",
+            "-rN",
             f"--hosts=ansible://{host}", f"--ansible-inventory={inventory}", f"--preflight-json={json_path}",
             "--preflight-table=off", f"--preflight-stream-timeout={opts.stream_timeout}"]
     if opts.ignore:

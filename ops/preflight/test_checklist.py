@@ -346,7 +346,7 @@ def test_service_restart_policy(unit, record_property):
     record_property("found", f"Restart={policy}, RestartSec={delay}")
 
 
-@check("NOFILE")
+@check("SVC-NOFILE")
 def test_nofile_of_running_process(facts, unit, cfg, record_property):
     pid = main_pid(unit)
     assert facts["pid_limits"], f"/proc/{pid}/limits has no 'Max open files' row (did the process just exit?)"
@@ -398,7 +398,7 @@ def test_port_listens_on_configured_address_only(facts, release, record_property
     record_property("found", f"{want}:{port} only")
 
 
-@check("READYZ")
+@check("SVC-READYZ")
 def test_readyz(host, release, artifact, record_property):
     python, env = need_release(release)
     addr, port = service_address(env)
@@ -415,7 +415,7 @@ def test_readyz(host, release, artifact, record_property):
                              f"release {body.get('release_id')}")
 
 
-@check("STREAM")
+@check("SVC-STREAM")
 def test_streamed_answer(host, release, cfg, record_property):
     python, env = need_release(release)
     addr, port = service_address(env)

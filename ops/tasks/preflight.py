@@ -15,7 +15,7 @@ from invoke import Exit, task
     "junit": "write JUnit XML here (one testcase per host x check)",
     "json": "write the JSON report here",
     "jobs": "hosts checked at once (default: all, up to 16)",
-    "stream_timeout": "seconds the STREAM check's answer may take to [DONE] (default: 120)",
+    "stream_timeout": "seconds the SVC-STREAM check's answer may take to [DONE] (default: 120)",
     "logs": "directory for each host's pytest output (default: a temporary directory, printed)",
 })
 def preflight(c, inventory="inventory.yml", hosts="vlm", ignore="", waivers=None, junit=None, json=None, jobs=0,
