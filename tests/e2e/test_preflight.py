@@ -1,0 +1,229 @@
+"""The pre-launch checklist against the staging fleet: healthy hosts pass; hosts broken on purpose are reported
+with exactly the right ids and remediation, by `vlfleet preflight`, by plain pytest and by the preflight role.
+
+Broken on purpose (one fixture, restored afterwards: other e2e tests share the fleet):
+  c1: vlfleet.service stopped                       -> SVC-ACTIVE (its dependents blocked)
+  c2: one byte of a model file changed (same size)  -> MODEL-ARTIFACT, naming the file
+  vm1: swap off, LimitNOFILE=1024 via a drop-in     -> SWAP-ACTIVE, SVC-NOFILE; CPU-GOVERNOR n/a (no cpufreq on a VM)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ops.preflight import registry
+from ops.preflight.results import Report
+
+pytestmark = [pytest.mark.fleet, pytest.mark.slow]
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+CONVERGE_TIMEOUT = 3600
+RUN_TIMEOUT = 1200
+DROP_IN = "/etc/systemd/system/vlfleet.service.d/50-preflight-e2e-nofile.conf"
+BROKEN = {"c1": ["SVC-ACTIVE"], "c2": ["MODEL-ARTIFACT"], "vm1": ["SWAP-ACTIVE", "SVC-NOFILE"]}
+
+
+def _ssh(host: dict, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    args = ["ssh", "-i", host["ansible_ssh_private_key_file"], *host["ansible_ssh_common_args"].split(),
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"{host['ansible_user']}@{host['ansible_host']}",
+            command]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _sudo(host: dict, command: str, timeout: float = 120) -> str:
+    done = _ssh(host, f"sudo sh -c {json.dumps(command)}", timeout)
+    assert done.returncode == 0, f"{command!r} on {host['ansible_host']}: {done.stderr}"
+    return done.stdout
+
+
+def _wait_ready(host: dict, timeout: float = 600) -> None:
+    # Bounded: one probe every 5 s until the deadline, over the host's own loopback view of its address.
+    env = _sudo(host, "cat /opt/vlfleet/current/vlfleet.env")
+    kv = dict(ln.split("=", 1) for ln in env.splitlines() if "=" in ln and not ln.startswith("#"))
+    url = f"http://{kv['VLFLEET_HOST']}:{kv['VLFLEET_PORT']}/readyz"
+    probe = ("/opt/vlfleet/current/venv/bin/python -c \"import urllib.request,sys; "
+             f"sys.exit(0 if urllib.request.urlopen('{url}', timeout=10).status == 200 else 1)\"")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _ssh(host, probe, timeout=30).returncode == 0:
+            return
+        time.sleep(5)
+    pytest.fail(f"{host['ansible_host']}: /readyz not 200 within {timeout:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def hosts(staging_fleet) -> dict[str, dict]:
+    from ops.staging.inventory import hosts_of
+
+    return {n: h for n, h in hosts_of(Path(staging_fleet.inventory_path)).items() if "vlm" in h["groups"]}
+
+
+@pytest.fixture(scope="module")
+def inventory(staging_fleet, tiny_model: Path) -> Path:
+    """The e2e fleet converged with site.yml (idempotent: quick when test_site already converged it)."""
+    from ops.playbook import run_playbook
+    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
+
+    inv = Path(staging_fleet.inventory_path)
+    wheelhouse = assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)  # Debian 12 staging hosts: Python 3.11
+    extra = {"vlfleet_artifact_dir": str(tiny_model), "vlfleet_wheelhouse_dir": str(wheelhouse),
+             "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": 900}
+    run = run_playbook(inv, "site.yml", extra, timeout=CONVERGE_TIMEOUT, echo=None)
+    assert run.ok, f"site.yml failed, the checklist has nothing to check:\n{run.summary()}"
+    return inv
+
+
+@pytest.fixture(scope="module")
+def waivers_file(tmp_path_factory) -> Path:
+    """What staging cannot provide, waived with the reason (and an expiry, as every waiver must have)."""
+    expires = (dt.date.today() + dt.timedelta(days=30)).isoformat()
+    entries = [
+        f"- {{id: CLOCK-SYNC, hosts: [vm1], expires: {expires}, reason: staging VMs reach no NTP server}}",
+        f"- {{id: CPU-AVX512, hosts: [vm1], expires: {expires}, reason: 'qemu TCG -cpu max has no AVX-512'}}",
+    ]
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 65535:
+        # The controller's own hard limit caps nspawn containers' PID 1, so their services cannot get 65535.
+        entries.append(f"- {{id: SVC-NOFILE, hosts: [c1, c2], expires: {expires}, reason: 'staging controller "
+                       f"caps open files at {resource.getrlimit(resource.RLIMIT_NOFILE)[1]} for containers'}}")
+    path = tmp_path_factory.mktemp("preflight") / "waivers.yml"
+    path.write_text("\n".join(entries) + "\n")
+    return path
+
+
+def _vlfleet_preflight(inventory: Path, waivers: Path, out: Path) -> tuple[subprocess.CompletedProcess, Report]:
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    done = subprocess.run([str(BIN / "vlfleet"), "preflight", "--inventory", str(inventory), "--waivers", str(waivers),
+                           "--json", str(out / "report.json"), "--junit", str(out / "report.xml"),
+                           "--logs", str(out / "hosts")], cwd=REPO, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
+    print(f"\n[preflight] vlfleet preflight took {time.monotonic() - started:.1f} s (exit {done.returncode})\n"
+          + done.stdout + done.stderr)
+    return done, Report.from_json(json.loads((out / "report.json").read_text()))
+
+
+def _expect(report: Report, broken: dict[str, list[str]]) -> None:
+    for host in ("c1", "c2", "vm1"):
+        assert report.failed_ids(host) == broken.get(host, []), f"{host}: {report.failed_ids(host)}"
+
+
+def test_healthy_fleet_is_ready(inventory, waivers_file, tmp_path):
+    done, report = _vlfleet_preflight(inventory, waivers_file, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "READY: 3 host(s)" in done.stdout
+    _expect(report, {})
+    na = {(r.host, r.id) for r in report.results if r.status == "n/a"}
+    assert na == {("c1", "CPU-GOVERNOR"), ("c1", "SWAP-ACTIVE"), ("c1", "CLOCK-SYNC"), ("c2", "CPU-GOVERNOR"),
+                  ("c2", "SWAP-ACTIVE"), ("c2", "CLOCK-SYNC"), ("vm1", "CPU-GOVERNOR")}
+    assert {r.status for r in report.results} <= {"pass", "n/a", "waived"}
+    assert all(report.get(h, c) for h in ("c1", "c2", "vm1") for c in registry.ids()), "a check is missing"
+    stream = report.get("vm1", "SVC-STREAM")
+    assert stream.status == "pass" and "[DONE]" in stream.message
+
+
+@pytest.fixture(scope="class")
+def broken(inventory, hosts):
+    """Break c1, c2 and vm1 as the module docstring says; put everything back afterwards and wait for ready."""
+    c1, c2, vm1 = hosts["c1"], hosts["c2"], hosts["vm1"]
+    model_dir = dict(ln.split("=", 1) for ln in _sudo(c2, "cat /opt/vlfleet/current/vlfleet.env").splitlines()
+                     if ln.startswith("VLFLEET_MODEL_DIR="))["VLFLEET_MODEL_DIR"]
+    target = _sudo(c2, f"ls -S {model_dir}/*.bin | head -n1").strip()
+    flip = ("python3 -c \"import sys; p, o = sys.argv[1], 4096; f = open(p, 'r+b'); f.seek(o); b = f.read(1); "
+            "f.seek(o); f.write(bytes([b[0] ^ 0xFF])); f.close(); print(b[0])\" " + target)
+    try:
+        _sudo(c1, "systemctl stop vlfleet")
+        _sudo(c2, flip)
+        _sudo(vm1, "swapoff -a")
+        _sudo(vm1, f"mkdir -p {Path(DROP_IN).parent} && printf '[Service]\\nLimitNOFILE=1024\\n' > {DROP_IN} && "
+                   "systemctl daemon-reload && systemctl restart vlfleet")
+        _wait_ready(vm1)
+        yield {"model_file": target, "model_dir": model_dir}
+    finally:
+        _sudo(c1, "systemctl start vlfleet")
+        _sudo(c2, flip)  # xor again: the original byte
+        _sudo(vm1, "swapon -a")
+        _sudo(vm1, f"rm -f {DROP_IN} && systemctl daemon-reload && systemctl restart vlfleet")
+        _wait_ready(c1)
+        _wait_ready(vm1)
+
+
+def _check_findings(report: Report, broken: dict) -> None:
+    _expect(report, BROKEN)
+    for host, ids in BROKEN.items():
+        for cid in ids:
+            assert report.get(host, cid).check.remediation == registry.get(cid).remediation
+    rel = Path(broken["model_file"]).relative_to(broken["model_dir"]).as_posix()
+    assert f"modified: {rel} (sha256 differs from the manifest)" in report.get("c2", "MODEL-ARTIFACT").message
+    assert "1024" in report.get("vm1", "SVC-NOFILE").message and DROP_IN in report.get("vm1", "SVC-NOFILE").message
+    assert "no swap is active" in report.get("vm1", "SWAP-ACTIVE").message
+    assert {r.id for r in report.results if r.host == "c1" and r.status == "blocked"} == {
+        "SVC-NOFILE", "CPU-AFFINITY", "PORT-LISTEN", "SVC-READYZ", "SVC-STREAM"}
+    gov = report.get("vm1", "CPU-GOVERNOR")
+    assert gov.status == "n/a" and "no cpufreq on this host" in gov.message
+    assert report.exit_code == 1
+
+
+class TestBrokenHosts:
+    """Each way of running reports the same findings; `broken` is restored when the class ends."""
+
+    def test_via_vlfleet_preflight(self, inventory, waivers_file, broken, tmp_path):
+        done, report = _vlfleet_preflight(inventory, waivers_file, tmp_path)
+        assert done.returncode == 1
+        _check_findings(report, broken)
+        assert "preflight: not ready" in done.stderr
+        for line in ("c1 SVC-ACTIVE [FAIL]", "c2 MODEL-ARTIFACT [FAIL]", "vm1 SWAP-ACTIVE [FAIL]",
+                     "vm1 SVC-NOFILE [FAIL]", "fix: " + registry.get("SVC-NOFILE").remediation):
+            assert line in done.stdout
+
+
+    def test_via_plain_pytest(self, inventory, waivers_file, broken, tmp_path):
+        from ops.playbook import ansible_env
+
+        env = {**ansible_env(), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env.pop("VLFLEET_REQUIRE_ALL", None)
+        started = time.monotonic()
+        done = subprocess.run([str(BIN / "pytest"), "-p", "no:cacheprovider", "ops/preflight/test_checklist.py",
+                               "--hosts=ansible://c1,ansible://c2,ansible://vm1", f"--ansible-inventory={inventory}",
+                               f"--preflight-waivers={waivers_file}", f"--preflight-json={tmp_path / 'r.json'}",
+                               f"--junit-xml={tmp_path / 'pytest.xml'}"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+        print(f"\n[preflight] plain pytest took {time.monotonic() - started:.1f} s\n" + done.stdout[-6000:])
+        assert done.returncode == 1, done.stdout[-3000:] + done.stderr
+        _check_findings(Report.from_json(json.loads((tmp_path / "r.json").read_text())), broken)
+        assert "SVC-ACTIVE [error] on c1: vlfleet.service is inactive" in done.stdout
+        assert "4 failed" in done.stdout  # pytest's own count: the four error-severity findings
+
+
+    def test_via_the_preflight_role(self, inventory, waivers_file, broken, tmp_path):
+        from ops.playbook import run_playbook
+
+        run = run_playbook(inventory, "preflight.yml", {"preflight_waivers_file": str(waivers_file),
+                                                        "preflight_report_dir": str(tmp_path)},
+                           timeout=RUN_TIMEOUT, echo=None)
+        print(f"\n[preflight] role took {run.duration:.1f} s\n{run.summary()}")
+        assert not run.ok
+        message = " ".join(f["msg"] for fails in run.failed.values() for f in fails)
+        for host, ids in BROKEN.items():
+            for cid in ids:
+                assert f"[{host} {cid}]" in message
+        assert "fix: " + registry.get("SVC-ACTIVE").remediation in message
+        assert run.changed_count("c1") == 0
+        _check_findings(Report.from_json(json.loads((tmp_path / "preflight.json").read_text())), broken)
+
+
+def test_fleet_ready_again_after_restore(inventory, waivers_file, tmp_path):
+    # After TestBrokenHosts: its class fixture has put every host back; the shared fleet must be ready again.
+    done, report = _vlfleet_preflight(inventory, waivers_file, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _expect(report, {})
