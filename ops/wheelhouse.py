@@ -11,6 +11,8 @@ finished wheelhouse additionally by (project version, code hash).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -150,6 +153,15 @@ def _key(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    # Builds of the same wheelhouse from parallel sessions (tests, operators) wait for each other.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _pip(*args: str, quiet: bool) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pip", *args]
     return subprocess.run(cmd, text=True, capture_output=quiet)
@@ -160,7 +172,13 @@ def download_deps(target: Target, pins: list[str], quiet: bool = False) -> Path:
     out = cache_root() / "wheelhouse" / "deps" / f"{target.label}-{_key(*pins)}"
     if (out / ".complete").is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        if not (out / ".complete").is_file():
+            _download_deps(target, pins, out, quiet)
+    return out
+
+
+def _download_deps(target: Target, pins: list[str], out: Path, quiet: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         args = ["download", "--only-binary=:all:", "--python-version", target.python, "--implementation", "cp",
@@ -179,7 +197,6 @@ def download_deps(target: Target, pins: list[str], quiet: bool = False) -> Path:
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def build_project_wheel(dest: Path, root: Path | None = None) -> Path:
@@ -216,21 +233,9 @@ def assemble(target: Target, out: Path | None = None, quiet: bool = False) -> Pa
     key = _key(target.label, *pins, project_version(), code_hash())
     cached = cache_root() / "wheelhouse" / f"{target.label}-{key}"
     if not (cached / "wheelhouse.json").is_file():
-        deps = download_deps(target, pins, quiet=quiet)
-        tmp = cached.with_name(f".{cached.name}.partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
-            for wheel in sorted(deps.glob("*.whl")):
-                try:
-                    os.link(wheel, tmp / wheel.name)  # same disk: no second copy of 90 MB
-                except OSError:
-                    shutil.copy2(wheel, tmp / wheel.name)
-            build_project_wheel(tmp)
-            write_index(tmp, target, key)
-            tmp.rename(cached)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with _locked(cached):
+            if not (cached / "wheelhouse.json").is_file():
+                _assemble(target, pins, cached, key, quiet)
     if out is None:
         return cached
     out = Path(out)
@@ -241,6 +246,24 @@ def assemble(target: Target, out: Path | None = None, quiet: bool = False) -> Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(cached, out, dirs_exist_ok=True)
     return out
+
+
+def _assemble(target: Target, pins: list[str], cached: Path, key: str, quiet: bool) -> None:
+    deps = download_deps(target, pins, quiet=quiet)
+    tmp = cached.with_name(f".{cached.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for wheel in sorted(deps.glob("*.whl")):
+            try:
+                os.link(wheel, tmp / wheel.name)  # same disk: no second copy of 90 MB
+            except OSError:
+                shutil.copy2(wheel, tmp / wheel.name)
+        build_project_wheel(tmp)
+        write_index(tmp, target, key)
+        tmp.rename(cached)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_index(directory: Path, target: Target, key: str) -> dict:
