@@ -183,8 +183,13 @@ def runtime(host, release) -> dict:
 
 @check("HOST-REACHABLE")
 def test_host_reachable(host, record_property):
-    res = host.run("timeout 60 sh -c 'id -un && sudo -n true'")
-    assert res.rc == 0, f"ssh or sudo failed (exit {res.rc}): {(res.stderr or res.stdout).strip()[-300:]}"
+    try:
+        res = host.run("timeout 60 sh -c 'id -un && sudo -n true'")
+    except RuntimeError as e:  # testinfra's ssh backend raises on exit 255 (could not connect)
+        result = e.args[0] if e.args else None
+        why = getattr(result, "stderr", None) or str(e)
+        raise AssertionError(f"ssh failed: {why.strip()[-300:]}") from None
+    assert res.rc == 0, f"sudo -n failed (exit {res.rc}): {(res.stderr or res.stdout).strip()[-300:]}"
     record_property("found", f"ssh as {res.stdout.split()[0]}, sudo -n works")
 
 
