@@ -12,7 +12,7 @@ from typing import Any
 from flask import Flask, g, request
 
 from service import auth, errors, image_source
-from service.engine import Engine
+from service.engine import Engine, make_engine
 from service.images import ImageLimits
 from service.memory_guard import MemoryGuard, cgroup_memory_high
 from service.metrics import Metrics
@@ -48,7 +48,7 @@ def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = T
     limit_mb = settings.memory_limit_mb
     guard = MemoryGuard(limit_mb * 2**20 if limit_mb else cgroup_memory_high(), settings.memory_high_water,
                         settings.memory_low_water, metrics=metrics)
-    engine = Engine(settings, metrics, pipeline_factory, model_id=artifact_id or "", memory=guard)
+    engine = make_engine(settings, metrics, pipeline_factory, model_id=artifact_id or "", memory=guard)
     guard.on_trim = engine.trim
     state = State(settings, engine, metrics, limits, auth.load_keys(settings.api_keys_file), artifact_id)
     state.load_image = functools.partial(_load_image, limits=limits, domains=settings.image_url_domains)

@@ -90,7 +90,11 @@ def replay(conversation: Conversation, sampling: Sampling, request_id: str, answ
 
 
 class Engine:
-    """Owns the pipeline and the inference thread. ``pipeline_factory`` builds the pipeline in that thread."""
+    """Admission (readiness, memory, answer cache, bounded queue) and the inference thread's life cycle.
+
+    Subclasses own the pipeline: ``_warmup`` and ``_serve`` run on the inference thread once it is loaded.
+    ``pipeline_factory`` builds the pipeline in that thread (tests inject one that fails on purpose).
+    """
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         self.settings = settings
@@ -99,9 +103,8 @@ class Engine:
         self.memory = memory  # MemoryGuard or None
         self.answers = AnswerCache(int(settings.answer_cache_mb * 2**20), settings.answer_cache_entries)
         self._trim_sessions = threading.Event()
-        self._factory = pipeline_factory or (lambda: load_pipeline(settings))
+        self._factory = pipeline_factory or (lambda: self._load())
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_size)
-        self._sessions = SessionStore(capacity=64)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self.ready = threading.Event()
         self.failed: str | None = None
@@ -162,15 +165,74 @@ class Engine:
             self.failed = f"model failed to load: {e}"
             log.exception("model failed to load")
             return
+        self._serve()
+
+    def _load(self):
+        raise NotImplementedError
+
+    def _serve(self) -> None:
+        raise NotImplementedError
+
+    def _warmup(self) -> None:
+        raise NotImplementedError
+
+    def _next_job(self, timeout: float | None = None) -> Job | None:
+        """The next queued job that was not abandoned, or None after ``timeout`` seconds."""
         while True:
-            job = self._queue.get()
+            try:
+                job = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if self.metrics:
+                self.metrics.queue_depth.set(self._queue.qsize())
+            if job._transition(QUEUED, RUNNING):
+                return job
+
+    def _finish(self, job: Job, pieces: list[str], timings: Timings, session_key: str | None = None) -> None:
+        """Classify the ending, remember the answer, and send ``done``."""
+        if job.cancelled.is_set():
+            finish = "cancelled"
+            if self.metrics:
+                self.metrics.cancelled.inc()
+        elif timings.completion_tokens >= job.sampling.max_tokens:
+            finish = "length"
+        else:
+            finish = "stop"
+        if finish != "cancelled" and job.cache_key is not None:
+            self.answers.put(job.cache_key, CachedAnswer(tuple(pieces), finish, timings.prompt_tokens,
+                                                         timings.completion_tokens))
+            if self.metrics:
+                self.metrics.cache_bytes.set(self.answers.bytes)
+        job.put("done", {"finish_reason": finish, "text": "".join(pieces), "timings": timings,
+                         "session": session_key if finish != "cancelled" else None})
+        job._transition(RUNNING, FINISHED)
+
+
+def warmup_conversation() -> Conversation:
+    import numpy as np
+
+    from service.images import PreparedImage
+
+    pixels = np.full((1, 64, 64, 3), 127, dtype=np.uint8)
+    return Conversation((Turn("user", "Describe the image.", (PreparedImage(pixels, "warmup", (64, 64)),)),))
+
+
+class SerialEngine(Engine):
+    """One VLMPipeline, one request at a time; follow-ups continue cached chat histories (no image re-encode)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sessions = SessionStore(capacity=64)
+
+    def _load(self):
+        return load_pipeline(self.settings)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._next_job()
             if self._trim_sessions.is_set():
                 self._trim_sessions.clear()
                 self._sessions.clear()
-            if self.metrics:
-                self.metrics.queue_depth.set(self._queue.qsize())
-            if not job._transition(QUEUED, RUNNING):
-                continue  # abandoned while queued
             self.running = job
             try:
                 self._generate(job)
@@ -182,14 +244,7 @@ class Engine:
                 job._transition(RUNNING, FINISHED)
 
     def _warmup(self) -> None:
-        import numpy as np
-
-        from service.images import PreparedImage
-
-        pixels = np.full((1, 64, 64, 3), 127, dtype=np.uint8)
-        warm = Conversation((Turn("user", "Describe the image.", (PreparedImage(pixels, "warmup", (64, 64)),)),))
-        job = Job(warm, Sampling(max_tokens=2), "warmup")
-        self._generate(job, remember=False)
+        self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"), remember=False)
 
     def _generate(self, job: Job, remember: bool = True) -> None:
         import openvino_genai as ov_genai
@@ -216,27 +271,14 @@ class Engine:
         timings.completion_tokens = int(perf.get_num_generated_tokens())
         timings.image_encode_s = float(perf.get_prepare_embeddings_duration().mean) / 1000.0
         text = "".join(pieces)
-        if job.cancelled.is_set():
-            finish = "cancelled"
-            if self.metrics:
-                self.metrics.cancelled.inc()
-        elif timings.completion_tokens >= job.sampling.max_tokens:
-            finish = "length"
-        else:
-            finish = "stop"
         key = None
-        if remember and finish != "cancelled":
+        if remember and not job.cancelled.is_set():
             session.history.append({"role": "assistant", "content": text})
             session.turns = (*session.turns, asked, Turn("assistant", text))
             session.reused = True
             key = session.key
             self._sessions.put(session)
-        if finish != "cancelled" and job.cache_key is not None:
-            self.answers.put(job.cache_key, CachedAnswer(tuple(pieces), finish, timings.prompt_tokens,
-                                                         timings.completion_tokens))
-            if self.metrics:
-                self.metrics.cache_bytes.set(self.answers.bytes)
-        job.put("done", {"finish_reason": finish, "text": text, "timings": timings, "session": key})
+        self._finish(job, pieces, timings, key)
 
     def _prepare(self, conv: Conversation) -> tuple[Session, list, Turn]:
         """Continue the session ``conv`` follows up on, or start one.
@@ -284,14 +326,27 @@ def generation_config(sampling: Sampling):
     return cfg
 
 
-def load_pipeline(settings):
-    """Build the VLMPipeline with the settings' threads and compiled-model cache."""
-    import openvino_genai as ov_genai
-
+def pipeline_properties(settings) -> dict[str, Any]:
+    """OpenVINO properties from the settings: threads and the compiled-model cache."""
     properties: dict[str, Any] = {}
     if settings.threads:
         properties["INFERENCE_NUM_THREADS"] = settings.threads
     if settings.model_cache_dir:
         Path(settings.model_cache_dir).mkdir(parents=True, exist_ok=True)
         properties["CACHE_DIR"] = str(settings.model_cache_dir)
-    return ov_genai.VLMPipeline(str(settings.model_dir), settings.device, **properties)
+    return properties
+
+
+def load_pipeline(settings):
+    import openvino_genai as ov_genai
+
+    return ov_genai.VLMPipeline(str(settings.model_dir), settings.device, **pipeline_properties(settings))
+
+
+def make_engine(settings, *args, **kwargs) -> Engine:
+    """The engine VLFLEET_ENGINE names: serial (VLMPipeline) or batching (ContinuousBatchingPipeline)."""
+    if settings.engine == "batching":
+        from service.batching import BatchingEngine
+
+        return BatchingEngine(settings, *args, **kwargs)
+    return SerialEngine(settings, *args, **kwargs)

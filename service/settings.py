@@ -86,6 +86,11 @@ FIELDS: tuple[Field, ...] = (
           "an IP address or host name"),
     Field("port", _int_range(1, 65535), 8000, "TCP port to listen on.", "an integer 1-65535"),
     Field("device", _choice("CPU"), "CPU", "OpenVINO device.", "CPU"),
+    Field("engine", _choice("serial", "batching"), "serial",
+          "serial: one VLMPipeline, one request at a time, cached chat sessions for follow-ups. batching: a "
+          "ContinuousBatchingPipeline whose decode steps serve several requests at once.", "serial or batching"),
+    Field("max_batch", _int_range(1, 256), 4, "batching engine: requests generating at once.", "an integer 1-256"),
+    Field("kv_cache_gb", _int_range(1, 1024), 2, "batching engine: KV-cache size in GiB.", "an integer 1-1024"),
     Field("threads", _int_range(0, 1024), 0,
           "OpenVINO inference threads; 0 = one per CPU in the process's affinity mask (the launcher sets it).",
           "an integer 0-1024"),

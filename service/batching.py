@@ -1,0 +1,153 @@
+"""The continuous-batching engine: one ContinuousBatchingPipeline stepped by one thread.
+
+Concurrent requests share decode steps instead of queueing behind each other. Each step admits waiting
+jobs up to VLFLEET_MAX_BATCH, runs one scheduler step, and hands every job its new tokens. Follow-ups
+re-send the whole conversation; the scheduler's prefix cache re-uses the KV blocks of the part it has seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.conversation import Conversation, Sampling, Timings
+from service.engine import RUNNING, Engine, Job, generation_config, pipeline_properties, warmup_conversation
+from service.errors import APIError
+
+log = logging.getLogger("vlfleet.engine")
+
+
+@dataclass
+class Active:
+    """A job admitted to the pipeline, and what has been streamed of it so far."""
+
+    job: Job
+    handle: Any  # openvino_genai.GenerationHandle
+    started: float
+    timings: Timings
+    ids: list[int] = field(default_factory=list)
+    sent: str = ""  # decoded text already streamed
+    pieces: list[str] = field(default_factory=list)
+
+
+def render_prompt(tokenizer, conv: Conversation) -> str:
+    """The whole conversation through the model's chat template, each image tagged where it was sent."""
+    messages, index = [], 0
+    for turn in conv.turns:
+        tags = "".join(f"<ov_genai_image_{index + i}>" for i in range(len(turn.images)))
+        index += len(turn.images)
+        messages.append({"role": turn.role, "content": tags + turn.text})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+class BatchingEngine(Engine):
+    def _load(self):
+        import openvino_genai as ov_genai
+
+        scheduler = ov_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = True
+        scheduler.cache_size = self.settings.kv_cache_gb
+        scheduler.max_num_seqs = self.settings.max_batch
+        scheduler.dynamic_split_fuse = True
+        return ov_genai.ContinuousBatchingPipeline(str(self.settings.model_dir), scheduler, self.settings.device,
+                                                   pipeline_properties(self.settings))
+
+    def _warmup(self) -> None:
+        job = Job(warmup_conversation(), Sampling(max_tokens=2), "warmup")
+        job._state = RUNNING
+        active = [self._admit(job)]
+        for _ in range(10_000):
+            if not active:
+                return
+            self.pipeline.step()
+            active = self._drain(active)
+        raise RuntimeError("warm-up generation did not finish")
+
+    @functools.cached_property
+    def tokenizer(self):
+        return self.pipeline.get_tokenizer()
+
+    def _serve(self) -> None:
+        active: list[Active] = []
+        while True:
+            while len(active) < self.settings.max_batch:
+                job = self._next_job(timeout=None if not active else 0)
+                if job is None:
+                    break
+                try:
+                    active.append(self._admit(job))
+                except Exception as e:
+                    log.exception("request rejected by the pipeline", extra={"request_id": job.request_id})
+                    job.put("error", APIError(f"generation failed: {e}", 500, code="generation_failed"))
+            if not active:
+                continue
+            try:
+                self.pipeline.step()
+            except Exception as e:  # one bad step must not strand every stream: fail them, keep serving
+                log.exception("pipeline step failed")
+                for a in active:
+                    a.job.put("error", APIError(f"generation failed: {e}", 500, code="generation_failed"))
+                active = []
+                continue
+            active = self._drain(active)
+
+    _ids = itertools.count(1)
+
+    def _admit(self, job: Job) -> Active:
+        import openvino as ov
+
+        cfg = generation_config(job.sampling)
+        cfg.apply_chat_template = False  # rendered below, images tagged in their turns
+        images = [ov.Tensor(img.pixels) for img in job.conversation.images]
+        started = time.monotonic()
+        prompt = render_prompt(self.tokenizer, job.conversation)
+        handle = self.pipeline.add_request(next(self._ids), prompt, images, cfg)
+        job.put("started", {"reused_session": False, "images": len(images), "cache": "miss"})
+        return Active(job, handle, started, Timings(queued_s=started - job.enqueued_at))
+
+    def _drain(self, active: list[Active]) -> list[Active]:
+        """Stream new tokens of every active job; return those still running."""
+        import openvino_genai as ov_genai
+
+        still = []
+        for a in active:
+            if a.job.cancelled.is_set():
+                a.handle.cancel()
+            if a.handle.can_read():
+                for output in a.handle.read().values():
+                    a.ids.extend(output.generated_ids)
+                self._stream_text(a)
+            status = a.handle.get_status()
+            if status == ov_genai.GenerationStatus.RUNNING or a.handle.can_read():
+                still.append(a)
+                continue
+            self._complete(a)
+        return still
+
+    def _stream_text(self, a: Active) -> None:
+        text = self.tokenizer.decode(a.ids)
+        if text.endswith("\ufffd"):
+            return  # an incomplete UTF-8 sequence: wait for the rest of the character
+        if a.timings.first_token_s is None and a.ids:
+            a.timings.first_token_s = time.monotonic() - a.started
+        delta = text[len(a.sent):]
+        if delta:
+            a.sent = text
+            a.pieces.append(delta)
+            a.job.put("token", delta)
+
+    def _complete(self, a: Active) -> None:
+        timings = a.timings
+        timings.total_s = time.monotonic() - a.started
+        timings.completion_tokens = len(a.ids)
+        try:
+            perf = a.handle.get_vlm_perf_metrics()
+            timings.prompt_tokens = int(perf.get_num_input_tokens())
+            timings.image_encode_s = float(perf.get_prepare_embeddings_duration().mean) / 1000.0
+        except Exception:  # metrics are best effort; the answer is what matters
+            timings.prompt_tokens = 0
+        self._finish(a.job, a.pieces, timings)
