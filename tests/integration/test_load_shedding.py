@@ -94,8 +94,9 @@ def test_burst_sheds_then_recovers(tiny_model, tmp_path):
         assert gauge(server, "vlfleet_shed_requests_total") >= 1
         ok = requests.post(server.url + CHAT, json={"messages": [image_message()], "max_tokens": 2}, timeout=60)
         assert ok.status_code == 200
-        print(f"idle {idle_mb:.0f} MiB, limit {limit_mb} MiB; shedding seen {shed_after:.1f}s after the last burst request; recovered {recovered_after:.1f}s "
-              f"after the burst ended; {len(admitted)}/{len(results)} burst requests admitted")
+        print(f"idle {idle_mb:.0f} MiB, limit {limit_mb} MiB; shedding seen {shed_after:.1f}s after the last burst "
+              f"request; recovered {recovered_after:.1f}s after the burst ended; "
+              f"{len(admitted)}/{len(results)} burst requests admitted")
     finally:
         server.stop()
     log = server.log()
