@@ -55,6 +55,8 @@ def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = T
     metrics.model.info({"model": settings.model_name, "artifact_id": state.artifact_id or "",
                         "release_id": settings.release_id, "model_dir": str(settings.model_dir)})
     app.extensions["vlfleet"] = state
+    metrics.queue_capacity.set(settings.queue_size)
+    metrics.start_time.set(state.started_wall)
 
     errors.register(app)
     for bp in (api_openai.bp, webui.bp, health.bp, openapi.bp):

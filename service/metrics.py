@@ -17,6 +17,10 @@ class Metrics:
         self.rejected = Counter("vlfleet_rejected_requests", "Requests refused before inference, by reason",
                                 ["reason"], registry=r)
         self.queue_depth = Gauge("vlfleet_queue_depth", "Requests waiting for the inference thread", registry=r)
+        self.queue_capacity = Gauge("vlfleet_queue_capacity", "Requests that may wait (VLFLEET_QUEUE_SIZE)",
+                                    registry=r)
+        self.start_time = Gauge("vlfleet_process_start_time_seconds", "Unix time the service process started",
+                                registry=r)
         self.in_flight = Gauge("vlfleet_in_flight_requests", "HTTP requests being served", registry=r)
         self.ttft = Histogram("vlfleet_time_to_first_token_seconds", "Time from request to first token",
                               buckets=LATENCY_BUCKETS, registry=r)
