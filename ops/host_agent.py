@@ -297,7 +297,8 @@ def smoke(addr: tuple[str, int], timeout: float) -> dict:
     """A real answer: one image and a question, a fixed number of tokens (the model's words may be noise)."""
     body = {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + SMOKE_PNG}},
-        {"type": "text", "text": "What is in this picture?"}]}],
+        # a nonce: the service replays identical deterministic requests from its answer cache
+        {"type": "text", "text": f"What is in this picture? ({time.time():.6f})"}]}],
         "max_tokens": SMOKE_TOKENS, "ignore_eos": True, "stream": False}
     started = time.monotonic()
     try:

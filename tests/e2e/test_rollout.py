@@ -27,7 +27,8 @@ from ops.rollout import Outcome
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 CLIENTS = 2
-MAX_REQUESTS = 3000  # per load run, whatever happens
+MAX_REQUESTS = 5000  # per load run, whatever happens
+PAUSE = 0.1  # seconds between two requests of one client
 MAX_SECONDS = 1200
 
 
@@ -41,8 +42,9 @@ class Load:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
-    def one(self, stream: bool) -> dict:
-        body = {"messages": [{"role": "user", "content": "Say something about fleets."}], "max_tokens": 8,
+    def one(self, n: int, stream: bool) -> dict:
+        # A different prompt each time: the service replays identical deterministic requests from its answer cache.
+        body = {"messages": [{"role": "user", "content": f"Say something about fleet number {n}."}], "max_tokens": 8,
                 "ignore_eos": True, "stream": stream}
         started = time.monotonic()
         rec: dict = {"stream": stream, "ok": False}
@@ -82,8 +84,9 @@ class Load:
         deadline = time.monotonic() + MAX_SECONDS
         n = index
         while not self._stop.is_set() and time.monotonic() < deadline and len(self.log) < MAX_REQUESTS:
-            self.log.append(self.one(stream=n % 2 == 0))
-            n += 1
+            self.log.append(self.one(n, stream=n % 2 == 0))
+            n += CLIENTS
+            time.sleep(PAUSE)
 
     def __enter__(self) -> Load:
         for i in range(CLIENTS):
