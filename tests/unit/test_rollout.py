@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from paramiko.ssh_exception import NoValidConnectionsError
@@ -158,3 +161,28 @@ def test_histogram_quantile_matches_prometheus_interpolation():
     # rank 1: all of (0, 0.5] -> 0.5
     assert histogram_quantile(text, "vlfleet_time_to_first_token_seconds", 0.25) == pytest.approx(0.5)
     assert info_labels(text, "vlfleet_model") == {"release_id": "r2", "artifact_id": "a1"}
+
+
+VLFLEET = str(Path(sys.executable).with_name("vlfleet"))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["rollout", "--release", "r2", "-i", "/nonexistent/inv.yml"], "inventory /nonexistent/inv.yml not found"),
+    (["rollout", "--release", "bad id"], "--release: release id 'bad id'"),
+    (["rollout", "--release", "r2", "--env", "PATH=/x"], "only VLFLEET_* settings"),
+    (["rollout", "--release", "r2", "--wheelhouse", "/nonexistent"], "no requirements.txt there"),
+    (["status", "-i", "/nonexistent/inv.yml"], "not found"),
+])
+def test_operator_mistakes_get_a_message_not_a_traceback(args, message):
+    done = subprocess.run([VLFLEET, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1
+    assert message in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+def test_rollout_playbook_syntax():
+    from ops.playbook import ansible_env
+
+    done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "--syntax-check", "-i",
+                           "inventory.example", "ops/playbooks/rollout.yml"], cwd=Path(__file__).parents[2],
+                          env=ansible_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
