@@ -173,6 +173,8 @@ def render_table(report: Report, color: bool = False) -> str:
             tag = r.cell() if r.status == FAIL else "WAIVED"
             lines.append(f"  {r.host} {r.id} [{tag}] {r.message}")
             lines.append(f"      waiver: {r.waiver}" if r.status == WAIVED else f"      fix: {r.check.remediation}")
+            if r.status == FAIL:
+                lines.append(f"      more: docs/checklist.md#{r.id.lower()}")
     notes = [r for r in _ordered(report.results) if r.status in (NA, BLOCKED)]
     if notes:
         lines += ["", "Not applicable / blocked:"]
