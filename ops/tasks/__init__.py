@@ -7,7 +7,7 @@ from invoke import Collection
 
 def namespace() -> Collection:
     # Imported here so `vlfleet --help` does not pay for every area's imports up front.
-    from ops.tasks import bench, fleet, model, preflight, serve, site, staging, wheelhouse
+    from ops.tasks import bench, fleet, model, monitoring, preflight, serve, site, staging, wheelhouse
 
     ns = Collection()
     ns.add_collection(Collection.from_module(model), name="model")
@@ -19,4 +19,5 @@ def namespace() -> Collection:
     for t in (fleet.rollout, fleet.rollback, fleet.restart, fleet.status_, fleet.logs):
         ns.add_task(t)
     ns.add_task(preflight.preflight)
+    ns.add_collection(Collection.from_module(monitoring), name="monitoring")
     return ns
