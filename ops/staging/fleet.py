@@ -27,6 +27,7 @@ from ops.staging.system import StagingError, log, require_root, require_tools
 CONTAINER_BOOT_TIMEOUT = 180.0
 VM_BOOT_TIMEOUT = 600.0  # TCG takes ~2 min to SSH alone; allow for a busy 2-core controller
 KVM_BOOT_TIMEOUT = 120.0  # a KVM boot that takes longer is hung; fall back to TCG
+RUNNING_HOST_SSH_TIMEOUT = 120.0  # a host whose process runs gets this long to answer SSH before it is rebuilt
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 
 
@@ -102,10 +103,18 @@ def _host_process(store: StateStore, host: str) -> resources.Resource | None:
     return procs[-1] if procs else None
 
 
-def _host_up(store: StateStore, host: str) -> bool:
+def _host_up(store: StateStore, host: str, key: Path) -> bool:
     proc = _host_process(store, host)
     rec = store.state.hosts.get(host)
-    return bool(proc and rec and resources.process_alive(proc) and port_open(rec.ip))
+    if not (proc and rec and resources.process_alive(proc)):
+        return False
+    # A live host on a busy controller can answer slowly: give it time rather than rebuild a working host.
+    try:
+        wait_for_ssh(rec.ip, key, RUNNING_HOST_SSH_TIMEOUT, lambda: resources.process_alive(proc), host)
+    except StagingError as e:
+        log(f"{host}: process runs but {e}; rebuilding it")
+        return False
+    return True
 
 
 def _remove_host_resources(store: StateStore, host: str) -> list[str]:
@@ -160,7 +169,7 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
         network.ensure_bridge(store)
         todo = []
         for host, kind, groups in wanted:
-            if host in store.state.hosts and _host_up(store, host):
+            if host in store.state.hosts and _host_up(store, host, key):
                 log(f"{host}: already up ({store.state.hosts[host].ip}), kept")
                 continue
             problems = _remove_host_resources(store, host)

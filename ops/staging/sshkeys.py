@@ -33,7 +33,7 @@ def ssh_run(ip: str, key: Path, command: str, timeout: float = 60) -> subprocess
                           stdin=subprocess.DEVNULL)
 
 
-def port_open(ip: str, port: int = 22, timeout: float = 2) -> bool:
+def port_open(ip: str, port: int = 22, timeout: float = 5) -> bool:
     try:
         with socket.create_connection((ip, port), timeout=timeout) as s:
             # sshd sends its banner first; an accepted-then-closed connection is not sshd being ready.

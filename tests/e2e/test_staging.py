@@ -74,6 +74,19 @@ def test_swap_works_on_vm_and_is_refused_in_containers(staging_fleet):
     assert _sh(staging_fleet, "c1", SWAP_TRY).returncode != 0
 
 
+def _cpu_flags(f, host: str) -> set[str]:
+    res = _sh(f, host, "grep -m1 '^flags' /proc/cpuinfo")
+    assert res.returncode == 0, res.stderr
+    return set(res.stdout.split(":", 1)[1].split())
+
+
+def test_vm_cpu_model_decides_avx2(staging_fleet, noavx2_fleet):
+    # The cpu_check role is tested against both: same image, same kernel, only -cpu differs.
+    assert "avx2" in _cpu_flags(staging_fleet, "vm1")
+    flags = _cpu_flags(noavx2_fleet, "vm1")
+    assert "avx2" not in flags and "avx" in flags and "sse4_2" in flags
+
+
 def test_lb_reaches_every_vlm_host(staging_fleet):
     # Port 22 stands in for 8000 (no service yet): same bridge, same path, including the VM's tap.
     targets = [h.ip for h in staging_fleet.group("vlm")]
