@@ -14,8 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from ops.fleet import Host
 from ops.monitoring import ALERTS, DASHBOARD
-from ops.monitoring.inventory import InventoryHost
+from ops.monitoring.inventory import resolve
 
 DEFAULT_SERVICE_PORT = 8000  # roles/vlm_service/defaults/main.yml vlm_service_port
 DEFAULT_LB_PORT = 80  # roles/lb/defaults/main.yml lb_listen_port
@@ -29,13 +30,13 @@ class Rendered:
     files: list[Path] = field(default_factory=list)
 
 
-def _target(host: InventoryHost, port_var: str, default_port: int) -> str:
-    port = int(host.resolve(host.vars.get(port_var, default_port)))
+def _target(host: Host, port_var: str, default_port: int) -> str:
+    port = int(resolve(host, host.vars.get(port_var, default_port)))
     address = host.address
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def render(hosts: Mapping[str, InventoryHost], scrape_interval: str = "15s",
+def render(hosts: Mapping[str, Host], scrape_interval: str = "15s",
            bearer_token_file: str | None = None) -> Rendered:
     """prometheus.yml as a dict for ``hosts`` (from ops.monitoring.inventory.load), with warnings about hosts
     Prometheus will not reach as configured."""
@@ -45,7 +46,7 @@ def render(hosts: Mapping[str, InventoryHost], scrape_interval: str = "15s",
     if not vlm:
         out.warnings.append("no host in group `vlm`: the vlfleet job has no targets")
     for h in vlm:
-        bind = h.resolve(h.vars.get("vlm_service_host", "127.0.0.1"))
+        bind = resolve(h, h.vars.get("vlm_service_host", "127.0.0.1"))
         if bind.startswith(LOOPBACK):
             out.warnings.append(f"{h.name}: the service binds {bind} (vlm_service_host), so a Prometheus on another "
                                 f"machine cannot scrape it; set vlm_service_host: \"{{{{ ansible_host }}}}\" on a "
@@ -79,7 +80,7 @@ def render(hosts: Mapping[str, InventoryHost], scrape_interval: str = "15s",
     return out
 
 
-def write(out_dir: Path | str, hosts: Mapping[str, InventoryHost], **kwargs) -> Rendered:
+def write(out_dir: Path | str, hosts: Mapping[str, Host], **kwargs) -> Rendered:
     """prometheus.yml, alerts.yml and grafana-dashboard.json into ``out_dir`` (created)."""
     out_dir = Path(out_dir).expanduser()
     out_dir.mkdir(parents=True, exist_ok=True)

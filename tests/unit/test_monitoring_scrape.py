@@ -30,26 +30,31 @@ def inventory(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def hosts(inventory):
+    return load(inventory)
+
+
 def _targets(config: dict, job: str) -> dict[str, str]:
     body = next(j for j in config["scrape_configs"] if j["job_name"] == job)
     return {sc["labels"]["instance"]: sc["targets"][0] for sc in body["static_configs"]}
 
 
-def test_targets_follow_groups_addresses_and_ports(inventory):
-    rendered = scrape.render(load(inventory))
+def test_targets_follow_groups_addresses_and_ports(hosts):
+    rendered = scrape.render(hosts)
     assert _targets(rendered.config, "vlfleet") == {"vlm1": "10.0.0.11:8000", "vlm2": "10.0.0.12:8100",
                                                     "vlm3": "[fd00::13]:8000"}
     assert _targets(rendered.config, "vlfleet_lb") == {"lb1": "10.0.0.10:8080"}
     assert rendered.config["rule_files"] == ["alerts.yml"]
 
 
-def test_loopback_bound_service_is_warned_about(inventory):
-    warnings = scrape.render(load(inventory)).warnings
+def test_loopback_bound_service_is_warned_about(hosts):
+    warnings = scrape.render(hosts).warnings
     assert len(warnings) == 1 and warnings[0].startswith("vlm3: the service binds 127.0.0.1")
 
 
-def test_bearer_token_applies_to_every_job(inventory):
-    config = scrape.render(load(inventory), bearer_token_file="/etc/prometheus/vlfleet.key").config
+def test_bearer_token_applies_to_every_job(hosts):
+    config = scrape.render(hosts, bearer_token_file="/etc/prometheus/vlfleet.key").config
     for job in config["scrape_configs"]:
         assert job["authorization"] == {"type": "Bearer", "credentials_file": "/etc/prometheus/vlfleet.key"}
 
