@@ -191,7 +191,7 @@ class Fleet:
             wanted = list(limit)
             unknown = [h for h in wanted if h not in {m.name for m in members}]
             if unknown:
-                raise FleetError(f"--hosts: {', '.join(unknown)} not in group {group!r} "
+                raise FleetError(f"host {', '.join(unknown)} is not in group {group!r} of the inventory "
                                  f"(it has {', '.join(m.name for m in members)})")
             members = [m for m in members if m.name in wanted]
         self.hosts: list[Host] = members
@@ -274,7 +274,7 @@ class Fleet:
             if res["ok"]:
                 self.set_drained([], [name])
                 smoke = res.get("smoke") or {}
-                return HostResult(name, Outcome.OK, release=res["release"], before=before,
+                return HostResult(name, Outcome.OK, release=res["release"], before=before or res.get("from"),
                                   message=f"{note}; ready in {res['ready_s']:.0f}s; smoke {smoke.get('tokens')} "
                                           f"tokens in {smoke.get('seconds')}s")
             why = res["reason"] + _journal_hint(res.get("journal"))
