@@ -1,0 +1,116 @@
+"""`vlfleet report` against the staging fleet (c1, c2 containers + vm1 VM, converged with site.yml): the JSON twin
+holds real facts and real probe timings for each host, and the HTML page renders in headless Chromium (matrix rows =
+hosts, charts decoded). Set VLFLEET_REPORT_SCREENSHOT=PATH to keep the screenshot (docs/images/report.png is one).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.prereq import require
+
+pytestmark = [pytest.mark.fleet, pytest.mark.slow, pytest.mark.browser]
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+SERVICE_HOSTS = ["c1", "c2", "vm1"]
+
+
+@pytest.fixture(scope="module")
+def inventory(staging_fleet, tiny_model: Path) -> Path:
+    """The e2e fleet converged with site.yml (idempotent: quick when another e2e test converged it already)."""
+    from ops.playbook import run_playbook
+    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
+
+    inv = Path(staging_fleet.inventory_path)
+    wheelhouse = assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)  # Debian 12 staging hosts: Python 3.11
+    extra = {"vlfleet_artifact_dir": str(tiny_model), "vlfleet_wheelhouse_dir": str(wheelhouse),
+             "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": 900}
+    run = run_playbook(inv, "site.yml", extra, timeout=3600, echo=None)
+    assert run.ok, f"site.yml failed, nothing to report on:\n{run.summary()}"
+    return inv
+
+
+@pytest.fixture(scope="module")
+def report_dir(inventory, tmp_path_factory) -> Path:
+    # What staging cannot provide, waived with the reason (as tests/e2e/test_preflight.py does).
+    expires = (dt.date.today() + dt.timedelta(days=30)).isoformat()
+    waivers = [f"- {{id: CLOCK-SYNC, hosts: [vm1], expires: {expires}, reason: staging VMs reach no NTP server}}",
+               f"- {{id: CPU-AVX512, hosts: [vm1], expires: {expires}, reason: 'qemu TCG -cpu max has no AVX-512'}}"]
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 65535:
+        waivers.append(f"- {{id: SVC-NOFILE, hosts: [c1, c2], expires: {expires}, reason: 'staging controller caps "
+                       "open files for containers'}")
+    out = tmp_path_factory.mktemp("report")
+    (out / "waivers.yml").write_text("\n".join(waivers) + "\n")
+    done = subprocess.run([str(BIN / "vlfleet"), "report", "--inventory", str(inventory), "--out", str(out / "r"),
+                           "--waivers", str(out / "waivers.yml"), "--probe-tokens", "16", "--probe-runs", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=2400, stdin=subprocess.DEVNULL)
+    print(done.stdout + done.stderr)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[report] wrote" in done.stdout
+    return out / "r"
+
+
+def test_json_twin_has_facts_and_probe_for_every_host(report_dir):
+    data = json.loads((report_dir / "report.json").read_text())
+    assert [h["name"] for h in data["hosts"]] == SERVICE_HOSTS
+    for h in data["hosts"]:
+        assert h["error"] is None, h
+        assert h["ready"] and h["artifact_id"], h
+        assert "avx2" in h["isa"] and h["cpu_model"], h
+        assert h["cpus"] >= 1 and h["pinned_cpus"], h  # the launcher's plan is on every host
+        assert h["mem_total_bytes"] > 0
+        probe = h["probe"]
+        assert probe["ok_runs"] == 2 and probe["error"] is None, probe
+        assert probe["tokens"] == 16 and 0 < probe["first_token_s"] < probe["runs"][0]["total_s"] + 1
+        assert probe["ms_per_token"] > 0
+    # vm1 is the only host with swap (containers cannot swapon)
+    swap = {h["name"]: h["swap_total_bytes"] for h in data["hosts"]}
+    assert swap["vm1"] > 0
+    assert {s["metric"] for s in data["slowest"]} == {"first_token_s", "ms_per_token"}  # the slowest host per metric
+    results = data["checklist"]["results"]
+    assert {r["host"] for r in results} == set(SERVICE_HOSTS)
+    assert data["checklist"]["exit_code"] == 0, [r for r in results if r["status"] == "fail"]
+    for name in data["charts"].values():
+        assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_html_renders_in_chromium(report_dir):
+    require(shutil.which("chromium") is not None, "needs Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    html = (report_dir / "report.html").read_text()
+    assert "http://" not in html and "https://" not in html, "the page must not load anything from the network"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1360, "height": 900})
+            page.goto((report_dir / "report.html").as_uri())
+            rows = page.eval_on_selector_all("#checklist-matrix tr.host-row", "rs => rs.map(r => r.dataset.host)")
+            assert rows == SERVICE_HOSTS
+            cells = page.eval_on_selector_all("#checklist-matrix td.cell", "cs => cs.map(c => c.dataset.status)")
+            assert cells and all(c in ("pass", "n/a", "waived", "fail", "blocked") for c in cells)
+            assert page.locator("#hosts tbody tr").count() == len(SERVICE_HOSTS)
+            charts = page.eval_on_selector_all("img.chart", "is => is.map(i => [i.id, i.complete, i.naturalWidth])")
+            assert sorted(c[0] for c in charts) == ["chart-first_token", "chart-ms_per_token"]
+            assert all(complete and width > 100 for _id, complete, width in charts), charts
+            assert page.locator(".callout li").count() >= 2  # slowest host per metric
+            shot = report_dir / "report.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+    keep = os.environ.get("VLFLEET_REPORT_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, keep)
