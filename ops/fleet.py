@@ -403,7 +403,9 @@ def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, 
     if sha is None:
         args["venv_from"] = info["current"]
     else:
-        same = [r["id"] for r in info["releases"] if r["complete"] and r["wheelhouse_sha"] == sha]
+        # python_runtime names a release after its wheelhouse by default (sha256 of requirements.txt, 12 digits)
+        same = [r["id"] for r in info["releases"] if r["complete"] and (r["wheelhouse_sha"] == sha or
+                                                                        r["id"] == sha[:12])]
         if same:
             args["venv_from"] = same[-1]
         else:

@@ -145,3 +145,22 @@ def test_rollback_goes_to_the_previous_release(remote):
         report = ops_fleet.rollback(f, batch="100%", parallel=2)
     assert report.ok and {r.release for r in report.results} == {"r1"}
     assert all([a.get("release") for n, a in _ran(s) if n == "activate"] == ["r1"] for s in sessions)
+
+
+def test_a_venv_built_from_the_same_wheelhouse_is_reused_not_uploaded(remote, tmp_path):
+    import hashlib
+
+    (tmp_path / "requirements.txt").write_text("flask==3.1.3 --hash=sha256:00\n")
+    sha = hashlib.sha256((tmp_path / "requirements.txt").read_bytes()).hexdigest()
+    # the site release python_runtime named after this wheelhouse
+    described = _answer({"current": "r1", "previous": None, "env": {}, "models": [],
+                         "releases": [{"id": "r1", "complete": True, "wheelhouse_sha": None, "mtime": 1.0},
+                                      {"id": sha[:12], "complete": True, "wheelhouse_sha": None, "mtime": 2.0}]})
+    h1 = _session("h1", described, STAGE, QUIESCE, READY, PRUNE)
+    remote.expect_sessions(h1, _session("lb1", LB, LB))
+    with Fleet(_inventory(), limit=["h1"], timeouts=Timeouts(drain=5, ready=30), echo=None) as f:
+        report = ops_fleet.rollout(f, Release("r2", wheelhouse=tmp_path))
+    assert [(r.host, r.outcome) for r in report.results] == [("h1", Outcome.OK)]
+    stage = dict(_ran(h1))["stage"]
+    assert stage["venv_from"] == sha[:12] and "wheelhouse" not in stage
+    assert not h1.client.open_sftp.called  # nothing uploaded
