@@ -15,7 +15,8 @@ class InventoryError(RuntimeError):
 def load(inventory: Path | str) -> dict[str, Host]:
     """Every host of ``inventory`` (name -> ops.fleet.Host with groups and merged variables), in inventory order."""
     try:
-        hosts = load_inventory(inventory).hosts
+        # Absolute: load_inventory runs ansible-inventory from the repository root, not the caller's directory.
+        hosts = load_inventory(Path(inventory).expanduser().resolve()).hosts
     except FleetError as e:
         raise InventoryError(str(e)) from e
     hosts = {name: h for name, h in hosts.items() if name != "localhost" or h.vars}

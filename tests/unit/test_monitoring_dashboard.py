@@ -50,3 +50,12 @@ def test_dashboard_is_well_formed():
         assert p["datasource"]["uid"] == "${datasource}", p["title"]
         assert p["targets"] and all(t["expr"].strip() for t in p["targets"]), p["title"]
     assert {v["name"] for v in data["templating"]["list"]} == {"datasource", "instance"}
+
+
+def test_every_metric_is_described_in_the_docs():
+    from ops.paths import repo_root
+
+    text = (repo_root() / "docs" / "monitoring.md").read_text()
+    for family in Metrics().registry.collect():
+        name = family.name + {"counter": "_total", "info": "_info"}.get(family.type, "")
+        assert f"`{name}`" in text or f"`{family.name}`" in text, f"docs/monitoring.md does not describe {name}"

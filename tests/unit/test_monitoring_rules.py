@@ -38,7 +38,7 @@ CASES: dict[str, list[tuple[str, list[dict], str, dict | None]]] = {
          None),
     ],
     "VlfleetRestarted": [
-        ("start time changed", [{"series": f"vlfleet_process_start_time_seconds{{{SVC}}}",
+        ("process start time changed (a restart)", [{"series": f"vlfleet_process_start_time_seconds{{{SVC}}}",
                                  "values": "1000x5 1400x5"}], "7m", LABELS),
         ("same process all along", [{"series": f"vlfleet_process_start_time_seconds{{{SVC}}}",
                                      "values": "1000x20"}], "10m", None),
@@ -101,7 +101,7 @@ CASES: dict[str, list[tuple[str, list[dict], str, dict | None]]] = {
     "VlfleetMemoryNearLimit": [
         ("80% of MemoryHigh for 6 minutes", [{"series": f"vlfleet_memory_pressure{{{SVC}}}", "values": "0.8x10"}],
          "6m", LABELS),
-        ("60%", [{"series": f"vlfleet_memory_pressure{{{SVC}}}", "values": "0.6x10"}], "6m", None),
+        ("60% of the limit", [{"series": f"vlfleet_memory_pressure{{{SVC}}}", "values": "0.6x10"}], "6m", None),
     ],
     "VlfleetShedding": [
         ("shedding for 2 minutes", [{"series": f"vlfleet_shedding{{{SVC}}}", "values": "1x5"}], "2m", LABELS),
@@ -159,3 +159,14 @@ def test_alert_cases(alert, bare_rules, tmp_path):
     done = subprocess.run(["promtool", "test", "rules", str(spec)], capture_output=True, text=True, timeout=60)
     names = "; ".join(f"#{i} {c[0]}" for i, c in enumerate(CASES[alert]))
     assert done.returncode == 0, f"{alert} cases ({names}):\n{done.stdout}{done.stderr}"
+
+
+def test_docs_list_every_alert_with_its_tested_cases():
+    from ops.paths import repo_root
+
+    text = (repo_root() / "docs" / "monitoring.md").read_text()
+    for alert, cases in CASES.items():
+        row = next((ln for ln in text.splitlines() if ln.startswith(f"| `{alert}` |")), None)
+        assert row, f"docs/monitoring.md has no row for {alert}"
+        for what, *_ in cases:
+            assert what in row, f"docs/monitoring.md, {alert}: tested case {what!r} not listed"
