@@ -196,7 +196,8 @@ def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
     from ops.fleet import StepError, describe_error
 
     host = fleet.host(name)
-    row: dict[str, Any] = {"name": name, "groups": host.groups, "address": host.address, "error": None}
+    groups = [g for g in host.groups if g not in ("all", "ungrouped")]
+    row: dict[str, Any] = {"name": name, "groups": groups, "address": host.address, "error": None}
     try:
         p = fleet.probe(name)
         ready = p.get("readyz") or {}

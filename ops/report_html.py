@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ border:1px solid #dde3ea;border-radius:6px}.callout{background:#fff6e5;border-le
 def _fmt_bytes(n: int | None) -> str:
     if n is None:
         return "?"
-    return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 or n == 0 else f"{n / 2**20:.0f} MiB"
 
 
 def _cpus(cpus: list[int] | None) -> str:
@@ -72,7 +73,7 @@ def write_charts(data: dict[str, Any], out: Path) -> dict[str, Path]:
             ax.barh([name], [0])
             ax.text(0, name, "  no answer", va="center", fontsize=8, color="#b42318")
         if values:
-            median = sorted(values.values())[len(values) // 2]
+            median = statistics.median(values.values())
             ax.axvline(median, color="#888", linestyle="--", linewidth=1, label="fleet median")
             ax.legend(loc="lower right", fontsize=8)
             ax.set_xlim(0, max(values.values()) * 1.25)
