@@ -25,7 +25,7 @@ from ops.staging.state import FleetState, HostRecord, StateStore, fleet_dir, fle
 from ops.staging.system import StagingError, log, require_root, require_tools
 
 CONTAINER_BOOT_TIMEOUT = 180.0
-VM_BOOT_TIMEOUT = 600.0  # TCG takes ~2 min to SSH alone; allow for a busy 2-core controller
+VM_BOOT_TIMEOUT = 900.0  # TCG: ~1 min to SSH on a quiet 2-core machine, 6+ min with several VMs running
 KVM_BOOT_TIMEOUT = 120.0  # a KVM boot that takes longer is hung; fall back to TCG
 RUNNING_HOST_SSH_TIMEOUT = 120.0  # a host whose process runs gets this long to answer SSH before it is rebuilt
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
