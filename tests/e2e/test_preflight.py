@@ -5,6 +5,8 @@ Broken on purpose (one fixture, restored afterwards: other e2e tests share the f
   c1: vlfleet.service stopped                       -> SVC-ACTIVE (its dependents blocked)
   c2: one byte of a model file changed (same size)  -> MODEL-ARTIFACT, naming the file
   vm1: swap off, LimitNOFILE=1024 via a drop-in     -> SWAP-ACTIVE, SVC-NOFILE; CPU-GOVERNOR n/a (no cpufreq on a VM)
+
+Dev loop: VLFLEET_KEEP_FLEET=1 keeps the fleet; then VLFLEET_E2E_CONVERGED=1 skips the site.yml converge.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def inventory(staging_fleet, tiny_model: Path) -> Path:
     from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
 
     inv = Path(staging_fleet.inventory_path)
+    if os.environ.get("VLFLEET_E2E_CONVERGED") == "1":
+        return inv  # dev loop: the kept fleet is already converged (a TCG VM takes many minutes per site.yml run)
     wheelhouse = assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)  # Debian 12 staging hosts: Python 3.11
     extra = {"vlfleet_artifact_dir": str(tiny_model), "vlfleet_wheelhouse_dir": str(wheelhouse),
              "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": 900}
