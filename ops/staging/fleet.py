@@ -153,13 +153,13 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
             store = StateStore(_state_path(name), FleetState(name, chosen, network.bridge_name(name)))
         else:
             _check_compatible(store.state, spec, subnet)
-        store.state.settings = {"suite": spec.suite, "mirror": spec.mirror, "containers": containers, "vms": vms,
-                                "lb": lb, "vm_cpu": vm_cpu, "vm_memory_mb": vm_memory_mb, "vm_vcpus": vm_vcpus}
-        store.save()
         extra = sorted(set(store.state.hosts) - {h for h, _, _ in wanted})
         if extra:
             raise StagingError(f"fleet {name!r} also has hosts {', '.join(extra)} that this request does not "
                                f"include; run `vlfleet staging.down --name {name}` first to shrink it")
+        store.state.settings = {"suite": spec.suite, "mirror": spec.mirror, "containers": containers, "vms": vms,
+                                "lb": lb, "vm_cpu": vm_cpu, "vm_memory_mb": vm_memory_mb, "vm_vcpus": vm_vcpus}
+        store.save()
         base = ensure_image(spec)
         fdir = fleet_dir(name)
         key = ensure_key(fdir / "id_ed25519")
