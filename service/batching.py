@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.conversation import Conversation, Sampling, Timings
-from service.engine import RUNNING, Engine, Job, generation_config, pipeline_properties, warmup_conversation
+from service.engine import (
+    RUNNING,
+    Engine,
+    Job,
+    generation_config,
+    pipeline_properties,
+    scheduler_config,
+    warmup_conversation,
+)
 from service.errors import APIError
 
 log = logging.getLogger("vlfleet.engine")
@@ -48,13 +56,8 @@ class BatchingEngine(Engine):
     def _load(self):
         import openvino_genai as ov_genai
 
-        scheduler = ov_genai.SchedulerConfig()
-        scheduler.enable_prefix_caching = True
-        scheduler.cache_size = self.settings.kv_cache_gb
-        scheduler.max_num_seqs = self.settings.max_batch
-        scheduler.dynamic_split_fuse = True
-        return ov_genai.ContinuousBatchingPipeline(str(self.settings.model_dir), scheduler, self.settings.device,
-                                                   pipeline_properties(self.settings))
+        return ov_genai.ContinuousBatchingPipeline(str(self.settings.model_dir), scheduler_config(self.settings),
+                                                   self.settings.device, pipeline_properties(self.settings))
 
     def _warmup(self) -> None:
         job = Job(warmup_conversation(), Sampling(max_tokens=2), "warmup")

@@ -337,10 +337,27 @@ def pipeline_properties(settings) -> dict[str, Any]:
     return properties
 
 
+def scheduler_config(settings):
+    """Paged KV cache with prefix caching: a follow-up re-uses the KV blocks of the turns it repeats.
+
+    VLMPipeline only caches prefixes when given a SchedulerConfig explicitly (measured: a repeated 6.6k-token
+    prompt with an image went from 5.3 s to 0.9 s to first token on the tiny model; without it, no change).
+    """
+    import openvino_genai as ov_genai
+
+    scheduler = ov_genai.SchedulerConfig()
+    scheduler.enable_prefix_caching = True
+    scheduler.cache_size = settings.kv_cache_gb
+    scheduler.max_num_seqs = settings.max_batch
+    scheduler.dynamic_split_fuse = True
+    return scheduler
+
+
 def load_pipeline(settings):
     import openvino_genai as ov_genai
 
-    return ov_genai.VLMPipeline(str(settings.model_dir), settings.device, **pipeline_properties(settings))
+    return ov_genai.VLMPipeline(str(settings.model_dir), settings.device, scheduler_config=scheduler_config(settings),
+                                **pipeline_properties(settings))
 
 
 def make_engine(settings, *args, **kwargs) -> Engine:

@@ -89,8 +89,9 @@ FIELDS: tuple[Field, ...] = (
     Field("engine", _choice("serial", "batching"), "serial",
           "serial: one VLMPipeline, one request at a time, cached chat sessions for follow-ups. batching: a "
           "ContinuousBatchingPipeline whose decode steps serve several requests at once.", "serial or batching"),
-    Field("max_batch", _int_range(1, 256), 4, "batching engine: requests generating at once.", "an integer 1-256"),
-    Field("kv_cache_gb", _int_range(1, 1024), 2, "batching engine: KV-cache size in GiB.", "an integer 1-1024"),
+    Field("max_batch", _int_range(1, 256), 4, "Requests generating at once (batching engine).", "an integer 1-256"),
+    Field("kv_cache_gb", _int_range(1, 1024), 2,
+          "KV-cache size in GiB; it also holds the prefix cache that makes follow-ups cheaper.", "an integer 1-1024"),
     Field("threads", _int_range(0, 1024), 0,
           "OpenVINO inference threads; 0 = one per CPU in the process's affinity mask (the launcher sets it).",
           "an integer 0-1024"),
