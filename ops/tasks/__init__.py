@@ -7,7 +7,7 @@ from invoke import Collection
 
 def namespace() -> Collection:
     # Imported here so `vlfleet --help` does not pay for every area's imports up front.
-    from ops.tasks import bench, fleet, model, monitoring, preflight, report, serve, site, staging, wheelhouse
+    from ops.tasks import bench, demo, fleet, model, monitoring, preflight, report, serve, site, staging, wheelhouse
 
     ns = Collection()
     ns.add_collection(Collection.from_module(model), name="model")
@@ -21,4 +21,5 @@ def namespace() -> Collection:
     ns.add_task(preflight.preflight)
     ns.add_collection(Collection.from_module(monitoring), name="monitoring")
     ns.add_task(report.report)
+    ns.add_task(demo.demo)
     return ns

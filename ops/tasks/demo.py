@@ -1,0 +1,90 @@
+"""`vlfleet demo` (and `make demo`): the quick start on the embedded defaults.
+
+Synthetic model artifact, a local staging fleet, the site playbook, the pre-launch checklist, then one answer
+streamed through the fleet's load balancer to this terminal. Every step says what it is doing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from invoke import Exit, task
+
+from ops.bench.workload import data_url, test_image
+
+STEPS = 6
+
+
+def _step(n: int, text: str) -> float:
+    print(f"\n[demo {n}/{STEPS}] {text}", flush=True)
+    return time.monotonic()
+
+
+def _stream_answer(url: str, question: str, timeout: float = 300) -> tuple[str, float]:
+    """POST one streamed chat through ``url``; print tokens as they arrive; return the text and first-token time."""
+    import requests
+
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(test_image())}}, {"type": "text", "text": question}]}],
+        "max_tokens": 48, "stream": True}
+    started = time.monotonic()
+    first, text = None, ""
+    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=timeout) as r:
+        if r.status_code != 200:
+            raise Exit(f"demo: the load balancer answered HTTP {r.status_code}: {r.text[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                piece = choice["delta"].get("content") or ""
+                if piece:
+                    first = first or time.monotonic() - started
+                    text += piece
+                    print(piece, end="", flush=True)
+    print()
+    if first is None:
+        raise Exit("demo: the stream ended without an answer")
+    return text, first
+
+
+@task(help={
+    "containers": "container hosts running the service (default 2)",
+    "vms": "VM hosts running the service (default 0; each boots in ~2 min under software emulation)",
+    "name": "staging fleet name (default demo)",
+})
+def demo(c, containers=2, vms=0, name="demo"):
+    """Quick start: synthetic model + local staging fleet + site playbook + checklist + one streamed answer."""
+    from ops.model.cache import tiny_artifact
+    from ops.staging import fleet as staging
+    from ops.tasks.preflight import preflight
+    from ops.tasks.site import site
+
+    began = _step(1, "building the synthetic Qwen3-VL model and converting it to OpenVINO int4 (cached) ...")
+    artifact = tiny_artifact()
+    print(f"  artifact: {artifact}")
+
+    _step(2, f"bringing up staging fleet '{name}': {containers} container(s), {vms} VM(s), 1 load balancer ...")
+    try:
+        fleet = staging.up(name, containers=int(containers), vms=int(vms), lb=True)
+    except Exception as e:  # staging errors name the missing tool or permission; show them, not a traceback
+        raise Exit(f"demo: staging fleet could not start: {e}") from e
+    print(f"  inventory: {fleet.inventory_path}")
+
+    _step(3, "converging the fleet with site.yml (CPU check, swap, limits, runtime, model, service, nginx) ...")
+    site(c, inventory=str(fleet.inventory_path), artifact=str(artifact))
+
+    _step(4, "running the pre-launch checklist on every service host ...")
+    preflight(c, inventory=str(fleet.inventory_path))
+
+    lb = fleet.group("lb")[0]
+    url = f"http://{lb.ip}"
+    _step(5, f"asking the fleet about an image through the load balancer at {url} ...")
+    _, first = _stream_answer(url, "What is in this image?")
+    print(f"  first token after {first:.2f}s (the synthetic model's words are noise: its weights are random)")
+
+    _step(6, f"done in {time.monotonic() - began:.0f}s")
+    print(f"  web UI:       open {url}/ in a browser on this machine (or: ssh -L 8080:{lb.ip}:80 THIS_HOST)")
+    print(f"  status:       vlfleet status --inventory {fleet.inventory_path}")
+    print(f"  a shell:      vlfleet staging.ssh --name {name} {fleet.group('vlm')[0].name}")
+    print(f"  tear it down: vlfleet staging.down --name {name}")
