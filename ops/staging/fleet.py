@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ops.staging import containers as container_hosts
-from ops.staging import inventory, network, resources
+from ops.staging import inventory, kernel_limits, network, resources
 from ops.staging import vms as vm_hosts
 from ops.staging.image import ImageSpec, ensure_image
 from ops.staging.sshkeys import ensure_key, port_open, wait_for_ssh
@@ -140,6 +140,7 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
     require_tools("ip", "ssh", "ssh-keygen", "mount", "umount", "chroot")
     if containers or lb:
         require_tools("systemd-nspawn")
+        kernel_limits.ensure(log=log)
     if vms:
         require_tools(vm_hosts.QEMU, "mkfs.ext4")
         vm_hosts.guest_kernel()
