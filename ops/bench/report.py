@@ -22,12 +22,17 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def sig(value: float) -> str:
+    """Three significant digits without exponents (1007 ms, 0.167x, 24.2 s)."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _measured(t: Target) -> str:
     if t.measured is None:
         return "not measured"
     if t.unit == "bytes":
         return f"{t.measured / GB:.2f} GB"
-    return f"{t.measured:.3g}{' ' + t.unit if t.unit != 'x' else 'x'}"
+    return f"{sig(t.measured)}{' ' + t.unit if t.unit != 'x' else 'x'}"
 
 
 def _threshold(t: Target) -> str:
@@ -138,10 +143,10 @@ def render(results: dict, charts: list[str] | None = None) -> str:
              ["ratio", num(ov["first_token_s_ratio"], 3, "x"), num(ov["ms_per_token_ratio"], 3, "x")]]), ""]
     levers = results.get("levers")
     if levers:
-        rows = [[lv["name"], lv["setting"], num(lv["first_token_s"]), num(lv["ms_per_token"], 1),
-                 gb(lv.get("peak_rss_bytes"))] for lv in levers]
-        out += ["## Levers (A/B, int4)", "", table(["lever", "setting", "first token (s)", "ms/token",
-                                                    "peak RSS (GB)"], rows), ""]
+        rows = [[lv["name"], lv["setting"], num(lv.get("cold_start_s"), 1), num(lv["first_token_s"]),
+                 num(lv["ms_per_token"], 1), gb(lv.get("peak_rss_bytes"))] for lv in levers]
+        out += ["## Levers (A/B, int4)", "", table(["lever", "setting", "cold start (s)", "first token (s)",
+                                                    "ms/token", "peak RSS (GB)"], rows), ""]
     errors = results.get("errors")
     if errors:
         out += ["## Sections that failed", ""] + [f"- {name}: {msg}" for name, msg in errors.items()] + [""]

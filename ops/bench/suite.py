@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -266,8 +267,18 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
     return results
 
 
+def _compile_cache() -> str:
+    from ops.paths import cache_root
+
+    path = cache_root() / "bench-compile-cache"
+    shutil.rmtree(path, ignore_errors=True)  # the first start with it must be a real cold start
+    return str(path)
+
+
 LEVERS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("baseline", "service defaults", {}),
+    ("compile cache", "VLFLEET_MODEL_CACHE_DIR, first start (fills it)", {"VLFLEET_MODEL_CACHE_DIR": "{cache}"}),
+    ("compile cache", "VLFLEET_MODEL_CACHE_DIR, second start", {"VLFLEET_MODEL_CACHE_DIR": "{cache}"}),
     ("threads", "VLFLEET_THREADS=1", {"VLFLEET_THREADS": "1"}),
     ("image budget", "VLFLEET_IMAGE_MAX_SIDE=320 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "320"}),
     ("image budget", "VLFLEET_IMAGE_MAX_SIDE=448 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "448"}),
@@ -277,7 +288,9 @@ LEVERS: tuple[tuple[str, str, dict[str, str]], ...] = (
 def lever_ab(plan: Plan, artifact: Callable[[str], Path], say: Callable[[str], None]) -> list[dict]:
     """Quick A/B of service settings on the int4 artifact: one server per setting, same workload."""
     rows = []
-    for name, setting, env in LEVERS:
+    cache = _compile_cache()
+    for name, setting, template in LEVERS:
+        env = {k: v.format(cache=cache) for k, v in template.items()}
         size = FULL_SIDE if "1200x800" in setting else (416, 277)
         with Server(artifact("int4"), plan.log_dir / f"lever-{len(rows)}.log", env) as s:
             r = _answers(s.url, plan, *size, 700, say, f"lever {setting}")

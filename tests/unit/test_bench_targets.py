@@ -95,3 +95,12 @@ def test_markdown_lists_failed_sections():
 
 def test_table_shape():
     assert table(["a", "b"], [["1", "2"]]).splitlines() == ["| a | b |", "|---|---|", "| 1 | 2 |"]
+
+
+def test_large_measurements_render_without_exponents():
+    r = results()
+    r["service"]["int4"]["image_416"]["ms_per_token"] = 1007.3
+    r["targets"] = [t.as_dict() for t in evaluate(r)]
+    md = render(r)
+    assert "| 1007 ms | <= 40.5 ms | **not met** |" in md
+    assert "e+" not in md
