@@ -104,3 +104,14 @@ def test_large_measurements_render_without_exponents():
     md = render(r)
     assert "| 1007 ms | <= 40.5 ms | **not met** |" in md
     assert "e+" not in md
+
+
+def test_throughput_also_reported_against_the_fastest_single_client():
+    r = results()
+    r["concurrency"]["batching"] = [
+        {"clients": 1, "tokens_per_s": 10.0, "first_token_p50_s": 1.2, "first_token_p95_s": 1.2, "errors": 0},
+        {"clients": 4, "tokens_per_s": 30.0, "first_token_p50_s": 2.0, "first_token_p95_s": 3.0, "errors": 0}]
+    t = by_id(evaluate(r))
+    assert t["c4-throughput-batching"].measured == pytest.approx(3.0)
+    assert t["c4-throughput-batching"].met is True
+    assert t["c4-throughput-batching"].detail == "1.50x the fastest engine's one client"  # serial alone: 20 tok/s
