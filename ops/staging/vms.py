@@ -115,7 +115,9 @@ def qemu_argv(rec: HostRecord, disk: Path, tap: str, console: Path, memory_mb: i
         QEMU, "-name", rec.name, "-machine", "q35", "-accel", accel, "-cpu", rec.cpu,
         "-smp", str(vcpus), "-m", str(memory_mb), "-nodefaults", "-display", "none", "-no-reboot",
         "-kernel", str(vmlinuz), "-initrd", str(initrd),
-        "-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0 panic=-1",
+        # tsc=reliable: under TCG the guest otherwise marks its TSCs "unsynchronized" and times itself with HPET,
+        # every read of which is an emulated MMIO access (the TSC is a cheap helper call).
+        "-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0 panic=-1 tsc=reliable",
         "-drive", f"file={disk},if=virtio,format=raw",
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=n0,mac={rec.mac}",
