@@ -30,6 +30,8 @@ def build(state: FleetState, key: Path) -> dict:
         rec = state.hosts[name]
         for group in rec.groups:
             children[group]["hosts"][name] = host_vars(rec.ip, rec.kind, key)
+    # The load balancer is another host, so the service binds each host's fleet address, not loopback.
+    children["vlm"]["vars"] = {"vlm_service_host": "{{ ansible_host }}"}
     return {"all": {"vars": {"vlfleet_staging_fleet": state.name}, "children": children}}
 
 
