@@ -53,7 +53,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def resolve_hosts(inventory: Path | str, pattern: str = "vlm", timeout: float = 60) -> list[str]:
+def resolve_hosts(inventory: Path | str, pattern: str = "vlm", timeout: float = 180) -> list[str]:
     """Inventory hosts matching an Ansible pattern ("vlm", "c1,vm1", "vlm:!c2"), in inventory order."""
     inventory = Path(inventory)
     if not inventory.is_file():
