@@ -60,7 +60,11 @@ def resolve_hosts(inventory: Path | str, pattern: str = "vlm", timeout: float = 
         raise PreflightError(f"inventory {inventory} not found: pass --inventory PATH (see inventory.example, or "
                              "the one `vlfleet staging.up` prints)")
     cmd = [_bin("ansible"), pattern, "-i", str(inventory), "--list-hosts"]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    try:
+        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise PreflightError(f"`ansible {pattern} --list-hosts` took more than {timeout:.0f} s; is the controller "
+                             "overloaded or the inventory a slow dynamic script?") from e
     hosts = [ln.strip() for ln in done.stdout.splitlines()[1:] if ln.strip()]
     if done.returncode != 0 or not hosts:
         raise PreflightError(f"no host of {inventory} matches {pattern!r}: pass --hosts with inventory host or group "
