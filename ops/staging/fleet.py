@@ -161,6 +161,8 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
         store.state.settings = {"suite": spec.suite, "mirror": spec.mirror, "containers": containers, "vms": vms,
                                 "lb": lb, "vm_cpu": vm_cpu, "vm_memory_mb": vm_memory_mb, "vm_vcpus": vm_vcpus}
         store.save()
+        if vms:
+            _warn_busy(name)
         base = ensure_image(spec)
         fdir = fleet_dir(name)
         key = ensure_key(fdir / "id_ed25519")
@@ -206,6 +208,22 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
                                f"Resources stay recorded: `vlfleet staging.down --name {name}` removes them.")
         log(f"fleet {name!r} up in {time.monotonic() - t0:.0f} s; inventory: {inv}")
         return _fleet(store.state)
+
+
+def _warn_busy(name: str) -> None:
+    """Say so when other fleets' VMs already run: TCG guests share the controller's cores and slow each other."""
+    running = []
+    for other in _other_fleets(name):
+        store = StateStore.load(_state_path(other.name))
+        if store is None:
+            continue
+        n = sum(1 for h, rec in other.hosts.items() if rec.kind == "vm"
+                and (p := _host_process(store, h)) is not None and resources.process_alive(p))
+        if n:
+            running.append(f"{other.name} ({n})")
+    if running:
+        log(f"note: VMs of other fleets are running: {', '.join(running)}; under TCG each takes CPU even idle and "
+            f"boots slow down with every one (`vlfleet staging.down --name NAME` frees them)")
 
 
 def _check_compatible(state: FleetState, spec: ImageSpec, subnet: str | None) -> None:
