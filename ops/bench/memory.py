@@ -24,6 +24,16 @@ def peak_rss_bytes(pid: int) -> int | None:
         return None
 
 
+def memory_status(pid: int) -> dict[str, int | None]:
+    """Peak and current RSS of ``pid`` and how the current one splits: anonymous vs file-backed (mmap'd weights)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    return {key: parse_status_kib(text, key) for key in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
+
+
 def own_peak_rss_bytes() -> int:
     peak = peak_rss_bytes(os.getpid())
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

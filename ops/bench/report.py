@@ -89,6 +89,13 @@ def render(results: dict, charts: list[str] | None = None) -> str:
              "first token vs fp32", "ms/token vs fp32", "RSS vs fp32"], rows), "",
             "Baselines: load_s is loading the checkpoint in-process; the service's column is process start to "
             "/readyz 200 (imports, compile, warm-up). Service peak RSS is the gunicorn worker's VmHWM.", ""]
+        for fmt in ("int8", "int4"):
+            mem = dig(results, "service", fmt, "memory") or {}
+            if mem.get("RssAnon") is not None:
+                out += [f"- {fmt} worker after the single-client runs: RSS {gb(mem.get('VmRSS'))} GB = "
+                        f"{gb(mem.get('RssAnon'))} GB anonymous (plugin's repacked weights, buffers, KV cache) + "
+                        f"{gb(mem.get('RssFile'))} GB file-backed (memory-mapped IR weights)."]
+        out.append("")
     limit = results.get("machine_limit")
     if limit:
         bw = limit["bandwidth"]

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.bench.memory import children, peak_rss_bytes
+from ops.bench.memory import children, memory_status, peak_rss_bytes
 
 # Benchmarks measure generation: repeated prompts must not be answered from the answer cache.
 BENCH_ENV = {"VLFLEET_MAX_TOKENS": "4096", "VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_QUEUE_SIZE": "32",
@@ -83,6 +83,10 @@ class Server:
     def peak_rss(self) -> dict[str, int | None]:
         worker = self.worker_pid()
         return {"worker": peak_rss_bytes(worker) if worker else None, "master": peak_rss_bytes(self.proc.pid)}
+
+    def memory(self) -> dict[str, int | None]:
+        worker = self.worker_pid()
+        return memory_status(worker) if worker else {}
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -198,6 +198,7 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
             say(f"int8 ready after {s.cold_start_s:.1f}s")
             entry = {"cold_start_s": s.cold_start_s, "image_416": _answers(s.url, plan, 416, 277, 0, say, "int8")}
             entry["peak_rss_bytes"] = s.peak_rss()["worker"]
+            entry["memory"] = s.memory()
         results["service"]["int8"] = entry
 
     main_int4 = {"int4", "images", "followup", "concurrency"} & set(plan.sections)
@@ -214,7 +215,8 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
             section("images", lambda: images(s.url, entry))
             section("followup", lambda: entry.update(followup=_followup(s.url, plan, say)))
             entry["peak_rss_bytes"] = s.peak_rss()["worker"]
-            say(f"int4 peak RSS (worker VmHWM) {entry['peak_rss_bytes'] / 1e9:.2f} GB")
+            entry["memory"] = s.memory()  # where the RSS is: anonymous (plugin buffers) vs file-backed (mmap)
+            say(f"int4 peak RSS (worker VmHWM) {entry['peak_rss_bytes'] / 1e9:.2f} GB; now {entry['memory']}")
             if "concurrency" in plan.sections:
                 section("concurrency", lambda: results.setdefault("concurrency", {}).update(
                     {entry["engine"]: _concurrency(s.url, plan, say, entry["engine"])}))

@@ -115,3 +115,11 @@ def test_throughput_also_reported_against_the_fastest_single_client():
     assert t["c4-throughput-batching"].measured == pytest.approx(3.0)
     assert t["c4-throughput-batching"].met is True
     assert t["c4-throughput-batching"].detail == "1.50x the fastest engine's one client"  # serial alone: 20 tok/s
+
+
+def test_memory_split_is_reported():
+    r = results()
+    r["service"]["int4"]["memory"] = {"VmHWM": 3.0e9, "VmRSS": 2.9e9, "RssAnon": 1.8e9, "RssFile": 1.1e9}
+    md = render(r)
+    assert "int4 worker after the single-client runs: RSS 2.90 GB = 1.80 GB anonymous" in md
+    assert "1.10 GB file-backed" in md
