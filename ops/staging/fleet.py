@@ -241,7 +241,20 @@ def _bring_up(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, ke
     if rec.kind == "container":
         log(f"{rec.name}: booting container (systemd-nspawn) at {rec.ip} ...")
         container_hosts.start(store, rec, base, host_dir, pubkey)
-        _await_ssh(store, rec, key, CONTAINER_BOOT_TIMEOUT, host_dir)
+        try:
+            _await_ssh(store, rec, key, CONTAINER_BOOT_TIMEOUT, host_dir)
+        except StagingError as e:
+            proc = _host_process(store, rec.name)
+            if proc is None or resources.process_alive(proc):
+                raise
+            # Seen on a crowded controller: the container's systemd exits at once on a transient resource
+            # shortage (EMFILE from inotify). A container boots in seconds, so one fresh attempt is cheap.
+            log(f"{rec.name}: container exited while booting; retrying once ({str(e).splitlines()[0]})")
+            problems = _remove_host_resources(store, rec.name)
+            if problems:
+                raise StagingError(f"{rec.name}: could not clean up for a retry: {'; '.join(problems)}") from e
+            container_hosts.start(store, rec, base, host_dir, pubkey)
+            _await_ssh(store, rec, key, CONTAINER_BOOT_TIMEOUT, host_dir)
     else:
         log(f"{rec.name}: building disk and booting VM ({rec.accel}, -cpu {rec.cpu}) at {rec.ip} ...")
         vm_hosts.start(store, rec, base, host_dir, pubkey, memory_mb=opts.memory_mb, vcpus=opts.vcpus,

@@ -27,8 +27,10 @@ from ops.staging.system import StagingError, log, require_tools, run
 QEMU = "qemu-system-x86_64"
 NO_AVX2_CPU = "max,-avx2"  # TCG's "max" has AVX2 but no AVX-512; dropping avx2 gives a host the cpu_check rejects
 # Module trees no VM needs; the rest lets udev and modprobe work after the initrd hands over.
+# Wireless and kvm are left out on purpose: udev would load them at every boot, which is slow under TCG.
 _SKIP_MODULES = ("kernel/drivers/gpu", "kernel/drivers/net/wireless", "kernel/drivers/media", "kernel/sound",
-                 "kernel/drivers/infiniband", "kernel/drivers/staging", "kernel/drivers/bluetooth")
+                 "kernel/drivers/infiniband", "kernel/drivers/staging", "kernel/drivers/bluetooth",
+                 "kernel/net/wireless", "kernel/net/mac80211", "kernel/net/bluetooth", "kernel/arch/x86/kvm")
 
 
 def guest_kernel() -> tuple[Path, Path, str]:
