@@ -47,7 +47,7 @@ def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = T
     artifact_id = _artifact_id(settings)
     limit_mb = settings.memory_limit_mb
     guard = MemoryGuard(limit_mb * 2**20 if limit_mb else cgroup_memory_high(), settings.memory_high_water,
-                        settings.memory_low_water, metrics=metrics)
+                        settings.memory_low_water, metrics=metrics, system_high=settings.system_memory_high_water)
     engine = make_engine(settings, metrics, pipeline_factory, model_id=artifact_id or "", memory=guard)
     guard.on_trim = engine.trim
     state = State(settings, engine, metrics, limits, auth.load_keys(settings.api_keys_file), artifact_id)

@@ -40,7 +40,8 @@ class Metrics:
         self.cache_bytes = Gauge("vlfleet_answer_cache_bytes", "Bytes held by the answer cache", registry=r)
         self.shed = Counter("vlfleet_shed_requests", "Requests refused because of memory pressure", registry=r)
         self.shedding = Gauge("vlfleet_shedding", "1 while new requests are shed for memory pressure", registry=r)
-        self.memory_pressure = Gauge("vlfleet_memory_pressure", "Memory in use as a share of the limit", registry=r)
+        self.memory_pressure = Gauge("vlfleet_memory_pressure", "The higher of RSS / limit and host memory in use",
+                                     registry=r)
         self.rss = Gauge("vlfleet_process_rss_bytes", "Resident memory of the service process", registry=r)
         self.ready = Gauge("vlfleet_ready", "1 when the model is loaded and warmed up", registry=r)
         self.model = Info("vlfleet_model", "Model and release served by this process", registry=r)
