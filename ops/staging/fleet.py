@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,7 @@ CONTAINER_BOOT_TIMEOUT = 180.0
 VM_BOOT_TIMEOUT = 900.0  # TCG: ~1 min to SSH on a quiet 2-core machine, 6+ min with several VMs running
 KVM_BOOT_TIMEOUT = 120.0  # a KVM boot that takes longer is hung; fall back to TCG
 RUNNING_HOST_SSH_TIMEOUT = 120.0  # a host whose process runs gets this long to answer SSH before it is rebuilt
+_CANCEL = threading.Event()  # set on Ctrl-C: boot waits in worker threads stop at their next poll
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 
 
@@ -193,11 +195,20 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
             with ThreadPoolExecutor(max_workers=len(todo)) as pool:
                 futures = {r.name: pool.submit(_bring_up, store, r, base, fdir / "hosts" / r.name, key, pubkey,
                                                vm_opts) for r in todo}
-                for host, fut in futures.items():
-                    try:
-                        fut.result()
-                    except (StagingError, OSError) as e:
-                        errors[host] = str(e)
+                try:
+                    for host, fut in futures.items():
+                        try:
+                            fut.result()
+                        except (StagingError, OSError) as e:
+                            errors[host] = str(e)
+                except KeyboardInterrupt:
+                    # Without this the pool would wait for every boot to time out before Ctrl-C takes effect.
+                    _CANCEL.set()
+                    log(f"interrupted; `vlfleet staging.down --name {name}` removes what was created")
+                    raise
+                finally:
+                    pool.shutdown(wait=True)
+                    _CANCEL.clear()
         inv = fdir / "inventory.yml"
         inventory.write(inv, store.state, key)
         if not any(r.kind == "file" and r.id == str(inv) for r in store.state.resources):
@@ -280,8 +291,11 @@ def _bring_up(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, ke
 def _await_ssh(store: StateStore, rec: HostRecord, key: Path, timeout: float, host_dir: Path) -> None:
     proc = _host_process(store, rec.name)
     what = f"{rec.name} ({'nspawn' if rec.kind == 'container' else 'qemu'})"
+    if _CANCEL.is_set():
+        raise StagingError(f"{what}: interrupted")
     try:
-        wait_for_ssh(rec.ip, key, timeout, lambda: proc is not None and resources.process_alive(proc), what)
+        wait_for_ssh(rec.ip, key, timeout,
+                     lambda: not _CANCEL.is_set() and proc is not None and resources.process_alive(proc), what)
     except StagingError as e:
         raise StagingError(f"{e}\n--- console of {rec.name} (tail) ---\n{vm_hosts.console_tail(host_dir)}") from e
 
