@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +35,16 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, dict | str]:
         return status, body
 
 
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1) -> float:
+    """Poll ``predicate`` until it is true; return the seconds it took, or fail after ``timeout``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen
@@ -43,6 +54,12 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def metric(self, sample: str) -> float:
+        """The value of one sample of /metrics, e.g. 'vlfleet_queue_depth' or 'x_total{reason="429"}'; 0 if absent."""
+        text = get(self.url + "/metrics")[1]
+        match = re.search(rf"^{re.escape(sample)} ([0-9.e+-]+)$", text, re.M)
+        return float(match.group(1)) if match else 0.0
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

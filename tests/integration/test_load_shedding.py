@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 import threading
 import time
 
@@ -18,27 +17,12 @@ from tests.integration.conftest import image_message
 CHAT = "/v1/chat/completions"
 
 
-def gauge(server, name: str) -> float:
-    text = servers.get(server.url + "/metrics")[1]
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
-
-
 def noise_png(width: int, height: int) -> bytes:
     """Incompressible pixels: a big body that the server holds in memory while it answers."""
     pixels = np.random.default_rng(1).integers(0, 255, (height, width, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, "PNG", compress_level=0)
     return buf.getvalue()
-
-
-def poll(predicate, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 # Only the process signal is under test: host memory is moved by whatever else runs on this machine.
@@ -50,7 +34,7 @@ def idle_rss_mb(tiny_model, tmp_path) -> float:
     twin = servers.start(tiny_model, tmp_path, **SETTINGS)
     try:
         time.sleep(1.0)  # let the guard sample once more after warm-up
-        return gauge(twin, "vlfleet_process_rss_bytes") / 2**20
+        return twin.metric("vlfleet_process_rss_bytes") / 2**20
     finally:
         twin.stop()
 
@@ -75,7 +59,10 @@ def test_burst_sheds_then_recovers(tiny_model, tmp_path):
         for t in burst:
             t.start()
             time.sleep(1.0)  # each is decoded and admitted before the next arrives
-        shed_after = poll(lambda: servers.get(server.url + "/readyz")[0] == 503, 30, "/readyz to report shedding")
+        def ready() -> int:
+            return servers.get(server.url + "/readyz")[0]
+
+        shed_after = servers.wait_for(lambda: ready() == 503, 30, "/readyz to report shedding")
         status, ready = servers.get(server.url + "/readyz")
         assert status == 503 and "shedding load: memory" in ready.get("reason", "")
         refused = requests.post(server.url + CHAT, json={"messages": [image_message()], "max_tokens": 2}, timeout=30)
@@ -91,8 +78,8 @@ def test_burst_sheds_then_recovers(tiny_model, tmp_path):
             assert r.json()["usage"]["completion_tokens"] == 4096
         for r in results:
             assert r.status_code in (200, 503), r.text
-        recovered_after = poll(lambda: servers.get(server.url + "/readyz")[0] == 200, 90, "recovery")
-        assert gauge(server, "vlfleet_shed_requests_total") >= 1
+        recovered_after = servers.wait_for(lambda: ready() == 200, 90, "recovery")
+        assert server.metric("vlfleet_shed_requests_total") >= 1
         ok = requests.post(server.url + CHAT, json={"messages": [image_message()], "max_tokens": 2}, timeout=60)
         assert ok.status_code == 200
         print(f"idle {idle_mb:.0f} MiB, limit {limit_mb} MiB; shedding seen {shed_after:.1f}s after the last burst "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 
@@ -22,21 +21,6 @@ def small_queue(tiny_model, tmp_path_factory):
                            VLFLEET_QUEUE_TIMEOUT="2", VLFLEET_MAX_TOKENS=str(LONG))
     yield server
     server.stop()
-
-
-def metric(server, name: str) -> float:
-    text = servers.get(server.url + "/metrics")[1]
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start_long_stream(server):
@@ -60,7 +44,7 @@ def test_queue_full_gets_429_then_queue_timeout_gets_503(small_queue):
         "messages": [image_message()], "max_tokens": 2})))
     queued.start()
     try:
-        wait_for(lambda: metric(small_queue, "vlfleet_queue_depth") == 1, what="the second request to queue")
+        servers.wait_for(lambda: small_queue.metric("vlfleet_queue_depth") == 1, what="the second request to queue")
         over = requests.post(small_queue.url + CHAT, timeout=10, json={"messages": [image_message()]})
         assert over.status_code == 429
         assert int(over.headers["Retry-After"]) >= 1
@@ -71,14 +55,14 @@ def test_queue_full_gets_429_then_queue_timeout_gets_503(small_queue):
     finally:
         busy.close()
     assert servers.get(small_queue.url + "/readyz")[0] == 200
-    assert metric(small_queue, 'vlfleet_rejected_requests_total{reason="429"}') >= 1
+    assert small_queue.metric('vlfleet_rejected_requests_total{reason="429"}') >= 1
 
 
 def test_client_disconnect_cancels_generation_and_next_request_is_served(small_queue):
-    before = metric(small_queue, "vlfleet_cancelled_requests_total")
+    before = small_queue.metric("vlfleet_cancelled_requests_total")
     busy, _lines = start_long_stream(small_queue)
     busy.close()  # the client goes away mid-stream
-    wait_for(lambda: metric(small_queue, "vlfleet_cancelled_requests_total") == before + 1, what="cancellation")
+    servers.wait_for(lambda: small_queue.metric("vlfleet_cancelled_requests_total") == before + 1, what="cancellation")
     started = time.monotonic()
     after = requests.post(small_queue.url + CHAT, timeout=60, json={"messages": [image_message()], "max_tokens": 3})
     assert after.status_code == 200
