@@ -59,10 +59,10 @@ def test_burst_sheds_then_recovers(tiny_model, tmp_path):
         for t in burst:
             t.start()
             time.sleep(1.0)  # each is decoded and admitted before the next arrives
-        def ready() -> int:
+        def readyz() -> int:
             return servers.get(server.url + "/readyz")[0]
 
-        shed_after = servers.wait_for(lambda: ready() == 503, 30, "/readyz to report shedding")
+        shed_after = servers.wait_for(lambda: readyz() == 503, 30, "/readyz to report shedding")
         status, ready = servers.get(server.url + "/readyz")
         assert status == 503 and "shedding load: memory" in ready.get("reason", "")
         refused = requests.post(server.url + CHAT, json={"messages": [image_message()], "max_tokens": 2}, timeout=30)
@@ -78,7 +78,7 @@ def test_burst_sheds_then_recovers(tiny_model, tmp_path):
             assert r.json()["usage"]["completion_tokens"] == 4096
         for r in results:
             assert r.status_code in (200, 503), r.text
-        recovered_after = servers.wait_for(lambda: ready() == 200, 90, "recovery")
+        recovered_after = servers.wait_for(lambda: readyz() == 200, 90, "recovery")
         assert server.metric("vlfleet_shed_requests_total") >= 1
         ok = requests.post(server.url + CHAT, json={"messages": [image_message()], "max_tokens": 2}, timeout=60)
         assert ok.status_code == 200
