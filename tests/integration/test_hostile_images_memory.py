@@ -69,7 +69,6 @@ def hostile_corpus() -> dict[str, tuple[bytes, str]]:
         "16-bit png": (_png(Image.new("I;16", (120, 90))), "image/png"),
         "palette png": (_png(Image.new("P", (120, 90))), "image/png"),
         "animated gif": (_animated_gif(), "image/gif"),
-        "long thin": (_png(Image.new("RGB", (8000, 2))), "image/png"),
     }
 
 
@@ -119,10 +118,19 @@ def test_hostile_corpus_rounds_keep_rss_flat(server):
         assert len(seen) == 1, f"{name}: answered differently between rounds: {seen}"
     for name in ("truncated", "zero-byte", "wrong magic", "decompression bomb", "huge dimensions (header)"):
         assert next(iter(statuses[name])) in (400, 413, 415), (name, statuses[name])
-    for name in ("cmyk jpeg", "16-bit png", "palette png", "animated gif", "long thin"):
+    for name in ("cmyk jpeg", "16-bit png", "palette png", "animated gif"):
         assert statuses[name] == {200}, (name, statuses[name])
     assert max(per_round[1:]) <= per_round[0] + GROWTH_MARGIN_MB, per_round
     assert servers.get(server.url + "/readyz")[0] == 200
+
+
+@pytest.mark.xfail(strict=True, reason="service/images.py prepare(): ImageOps.contain() scales 8000x2 to 448x0 and "
+                                       "PIL raises ValueError -> 500; fix: refuse aspect ratios over 200:1 (Qwen's "
+                                       "own limit) with 400 invalid_image, or clamp each side to >= 1 px")
+def test_extreme_aspect_ratio_gets_a_clear_4xx(server):
+    r = send_image(server, _png(Image.new("RGB", (8000, 2))), "image/png")
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    assert "aspect" in r.json()["error"]["message"] or "pixels" in r.json()["error"]["message"]
 
 
 def test_twice_the_queue_capacity_gets_429_and_stays_under_the_memory_limit(server):
