@@ -24,7 +24,6 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
-SERVICE_HOSTS = ["c1", "c2", "vm1"]
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +42,28 @@ def inventory(staging_fleet, tiny_model: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
+def service_hosts(inventory) -> list[str]:
+    """The inventory's vlm hosts, in inventory order (c1, c2, vm1 for the standard e2e fleet)."""
+    from ops.staging.inventory import hosts_of
+
+    names = [n for n, h in hosts_of(inventory).items() if "vlm" in h["groups"]]
+    assert {"c1", "c2", "vm1"} <= set(names)
+    return names
+
+
+@pytest.fixture(scope="module")
 def report_dir(inventory, tmp_path_factory) -> Path:
     # What staging cannot provide, waived with the reason (as tests/e2e/test_preflight.py does).
     expires = (dt.date.today() + dt.timedelta(days=30)).isoformat()
     waivers = [f"- {{id: CLOCK-SYNC, hosts: [vm1], expires: {expires}, reason: staging VMs reach no NTP server}}",
                f"- {{id: CPU-AVX512, hosts: [vm1], expires: {expires}, reason: 'qemu TCG -cpu max has no AVX-512'}}"]
     if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 65535:
-        waivers.append(f"- {{id: SVC-NOFILE, hosts: [c1, c2], expires: {expires}, reason: 'staging controller caps "
-                       "open files for containers'}")
+        from ops.staging.inventory import hosts_of
+
+        containers = ", ".join(n for n, h in hosts_of(inventory).items()
+                               if "vlm" in h["groups"] and h.get("vlfleet_staging_kind") == "container")
+        waivers.append(f"- {{id: SVC-NOFILE, hosts: [{containers}], expires: {expires}, reason: 'staging controller "
+                       "caps open files for containers'}")
     out = tmp_path_factory.mktemp("report")
     (out / "waivers.yml").write_text("\n".join(waivers) + "\n")
     done = subprocess.run([str(BIN / "vlfleet"), "report", "--inventory", str(inventory), "--out", str(out / "r"),
@@ -62,9 +75,9 @@ def report_dir(inventory, tmp_path_factory) -> Path:
     return out / "r"
 
 
-def test_json_twin_has_facts_and_probe_for_every_host(report_dir):
+def test_json_twin_has_facts_and_probe_for_every_host(report_dir, service_hosts):
     data = json.loads((report_dir / "report.json").read_text())
-    assert [h["name"] for h in data["hosts"]] == SERVICE_HOSTS
+    assert [h["name"] for h in data["hosts"]] == service_hosts
     for h in data["hosts"]:
         assert h["error"] is None, h
         assert h["ready"] and h["artifact_id"], h
@@ -80,13 +93,13 @@ def test_json_twin_has_facts_and_probe_for_every_host(report_dir):
     assert swap["vm1"] > 0
     assert {s["metric"] for s in data["slowest"]} == {"first_token_s", "ms_per_token"}  # the slowest host per metric
     results = data["checklist"]["results"]
-    assert {r["host"] for r in results} == set(SERVICE_HOSTS)
+    assert {r["host"] for r in results} == set(service_hosts)
     assert data["checklist"]["exit_code"] == 0, [r for r in results if r["status"] == "fail"]
     for name in data["charts"].values():
         assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_html_renders_in_chromium(report_dir):
+def test_html_renders_in_chromium(report_dir, service_hosts):
     require(shutil.which("chromium") is not None, "needs Debian's chromium (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
@@ -98,10 +111,10 @@ def test_html_renders_in_chromium(report_dir):
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.goto((report_dir / "report.html").as_uri())
             rows = page.eval_on_selector_all("#checklist-matrix tr.host-row", "rs => rs.map(r => r.dataset.host)")
-            assert rows == SERVICE_HOSTS
+            assert rows == service_hosts
             cells = page.eval_on_selector_all("#checklist-matrix td.cell", "cs => cs.map(c => c.dataset.status)")
             assert cells and all(c in ("pass", "n/a", "waived", "fail", "blocked") for c in cells)
-            assert page.locator("#hosts tbody tr").count() == len(SERVICE_HOSTS)
+            assert page.locator("#hosts tbody tr").count() == len(service_hosts)
             charts = page.eval_on_selector_all("img.chart", "is => is.map(i => [i.id, i.complete, i.naturalWidth])")
             assert sorted(c[0] for c in charts) == ["chart-first_token", "chart-ms_per_token"]
             assert all(complete and width > 100 for _id, complete, width in charts), charts
