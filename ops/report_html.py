@@ -103,7 +103,7 @@ def _checklist_section(checklist: dict | None, hosts: list[str]) -> str:
             remediation[c["id"]] = ""
     parts = ["<h2>Pre-launch checklist</h2>",
              "<p class='meta'>Hover a cell for what was found and the fix; failures are listed below with their "
-             "remediation. Check ids link to <code>docs/checklist.md</code>.</p>",
+             "remediation. Every check id is explained in <code>docs/checklist.md</code>.</p>",
              "<table class='matrix' id='checklist-matrix'><thead><tr><th>host</th>"]
     parts += [f"<th class='check' title='{esc(c['description'])}'>{esc(c['id'])}</th>" for c in checks]
     parts.append("</tr></thead><tbody>")
@@ -189,6 +189,8 @@ def render(data: dict[str, Any], out: Path) -> str:
         if p.get("error"):
             ttft += f" <span class='err' title='{esc(p['error'])}'>(errors)</span>"
         mspt = "" if p.get("ms_per_token") is None else f"{p['ms_per_token']:.1f}"
+        swap = ("none" if h.get("swap_total_bytes") == 0 else
+                f"{_fmt_bytes(h.get('swap_used_bytes'))} / {_fmt_bytes(h.get('swap_total_bytes'))}")
         parts.append(
             f"<tr data-host='{esc(h['name'])}'><th>{esc(h['name'])}</th><td>{esc(state)}</td>"
             f"<td>{esc(str(h.get('release_id') or h.get('release') or '?'))}</td>"
@@ -196,7 +198,7 @@ def render(data: dict[str, Any], out: Path) -> str:
             f"<td>{esc(str(h.get('cpu_model') or '?'))}<br><span class='meta'>{esc(str(h.get('os') or ''))}</span></td>"
             f"<td class='isa'>{esc(' '.join(h.get('isa') or []) or 'none')}</td><td>{esc(cores)}</td>"
             f"<td class='num'>{_fmt_bytes(h.get('mem_available_bytes'))} / {_fmt_bytes(h.get('mem_total_bytes'))}</td>"
-            f"<td class='num'>{_fmt_bytes(h.get('swap_used_bytes'))} / {_fmt_bytes(h.get('swap_total_bytes'))}</td>"
+            f"<td class='num'>{swap}</td>"
             f"<td class='num'>{_fmt_bytes(h.get('rss_bytes'))}</td><td class='num'>{ttft}</td>"
             f"<td class='num'>{mspt}</td></tr>")
     parts.append("</tbody></table>")
