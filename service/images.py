@@ -19,6 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from service.errors import APIError
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+MAX_ASPECT = 200  # Qwen-VL's image processor refuses more elongated images
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ def _open(data: bytes, limits: ImageLimits, param: str) -> Image.Image:
                                status=413, param=param, code="image_too_large")
             if width < 1 or height < 1:
                 raise APIError("image has no pixels", param=param, code="invalid_image")
+            if max(width, height) > MAX_ASPECT * min(width, height):
+                raise APIError(f"image is {width}x{height}: its aspect ratio is over {MAX_ASPECT}:1, the model's "
+                               "limit; crop or pad it", param=param, code="invalid_image")
             image.seek(0)  # animated images: the first frame is the image
             image.load()
             return image

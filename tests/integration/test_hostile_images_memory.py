@@ -124,9 +124,6 @@ def test_hostile_corpus_rounds_keep_rss_flat(server):
     assert servers.get(server.url + "/readyz")[0] == 200
 
 
-@pytest.mark.xfail(strict=True, reason="service/images.py prepare(): ImageOps.contain() scales 8000x2 to 448x0 and "
-                                       "PIL raises ValueError -> 500; fix: refuse aspect ratios over 200:1 (Qwen's "
-                                       "own limit) with 400 invalid_image, or clamp each side to >= 1 px")
 def test_extreme_aspect_ratio_gets_a_clear_4xx(server):
     r = send_image(server, _png(Image.new("RGB", (8000, 2))), "image/png")
     assert 400 <= r.status_code < 500, (r.status_code, r.text)
