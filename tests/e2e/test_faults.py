@@ -367,9 +367,10 @@ def corrupt_c2(inventory, hosts):
             "f.write(bytes([b[0] ^ 0xFF])); f.close()\" " + target)
 
     def corrupt(how: str) -> dict:
+        since = _sudo(c2, "date +%s").strip()  # journal lines of this restart only, not of an earlier test's
         _sudo(c2, flip if how == "flip" else f"truncate -s -1 {target}")
         _sudo(c2, "systemctl restart vlfleet.service")
-        return {"file": target, "dir": model_dir}
+        return {"file": target, "dir": model_dir, "since": since}
 
     try:
         yield corrupt
@@ -379,16 +380,16 @@ def corrupt_c2(inventory, hosts):
         _poll(lambda: _readyz(c2["ansible_host"]) == 200, READY_TIMEOUT, "c2 ready after restoring the file", 2)
 
 
-def _journal_since_restart(host: dict) -> str:
-    return _sudo(host, "journalctl -u vlfleet.service --since '-5min' --no-pager -o cat")
+def _journal_since(host: dict, since: str) -> str:
+    return _sudo(host, f"journalctl -u vlfleet.service --since @{since} --no-pager -o cat")
 
 
-def _wait_refusal_or_ready(host: dict, timeout: float = 300) -> str:
+def _wait_refusal_or_ready(host: dict, since: str, timeout: float = 300) -> str:
     """'refused' once the journal shows the artifact check failing, 'ready' if /readyz turns 200 instead."""
     outcome: list[str] = []
 
     def settled() -> bool:
-        if "model artifact check" in _journal_since_restart(host):
+        if "model artifact check" in _journal_since(host, since):
             outcome.append("refused")
         elif _readyz(host["ansible_host"]) == 200:
             outcome.append("ready")
@@ -402,10 +403,10 @@ def test_truncated_model_file_service_refuses_checklist_names_it_lb_serves(inven
     c2, lb = hosts["c2"], _lb(hosts)
     t0 = time.monotonic()
     broken = corrupt_c2("truncate")
-    assert _wait_refusal_or_ready(c2) == "refused"
+    assert _wait_refusal_or_ready(c2, broken["since"]) == "refused"
     refused_s = time.monotonic() - t0
     rel = Path(broken["file"]).relative_to(broken["dir"]).as_posix()
-    journal = _journal_since_restart(c2)
+    journal = _journal_since(c2, broken["since"])
     assert f"model artifact check 'file-sizes' failed for {broken['dir']}" in journal, journal[-2000:]
     assert rel in journal and "Fix:" in journal
     assert _readyz(c2["ansible_host"]) != 200
@@ -423,8 +424,8 @@ def test_truncated_model_file_service_refuses_checklist_names_it_lb_serves(inven
                                        "same-size corruption is caught by the checklist's sha256, not at start")
 def test_flipped_byte_in_model_file_service_refuses_to_start(inventory, hosts, corrupt_c2):
     c2 = hosts["c2"]
-    corrupt_c2("flip")
-    assert _wait_refusal_or_ready(c2) == "refused"
+    broken = corrupt_c2("flip")
+    assert _wait_refusal_or_ready(c2, broken["since"]) == "refused"
 
 
 # -- disk full during a convert --------------------------------------------------------------------------------
