@@ -13,6 +13,7 @@ with its measured times; docs/reliability.md quotes them.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -215,6 +216,12 @@ def power_cycle(fleet_name: str, host: str, exit_timeout: float = 180) -> float:
     return waited
 
 
+def _halt(host: dict, verb: str) -> None:
+    """`systemctl poweroff|reboot` on the host; its SSH session may die before (or without) an answer."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        _ssh(host, f"sudo systemctl {verb}", timeout=30)
+
+
 def _wait_ssh(host: dict, timeout: float) -> float:
     return _poll(lambda: _ssh(host, "true", timeout=20).returncode == 0, timeout, f"SSH on {host['ansible_host']}",
                  interval=3)
@@ -252,7 +259,7 @@ def test_vm_reboot_brings_swap_limits_and_service_back(inventory, hosts, tmp_pat
     vm1 = hosts[vms[0]]
     _sudo(vm1, "test -n \"$(tail -n +2 /proc/swaps)\"")  # swap on before the reboot
     boot_id = _sudo(vm1, "cat /proc/sys/kernel/random/boot_id").strip()
-    _ssh(vm1, "sudo systemctl reboot", timeout=30)  # the connection may drop before an answer
+    _halt(vm1, "reboot")
     t0 = time.monotonic()
     power_cycle(_fleet_name(inventory), vms[0])
     _wait_ssh(vm1, 900)
@@ -296,7 +303,7 @@ def test_host_down_in_the_middle_of_its_rollout_batch(inventory, hosts):
 
     def power_off_victim() -> None:
         time.sleep(2)  # its step is under way (describe, stage) when the host goes
-        _ssh(hosts[victim], "sudo systemctl poweroff", timeout=30)
+        _halt(hosts[victim], "poweroff")
         downed.set()
 
     lines: list[str] = []
