@@ -53,3 +53,11 @@ def test_kv_bytes_per_token_for_the_2b_shape():
                               "hidden_size": 2048, "num_attention_heads": 16}}
     # K and V, 28 layers, 8 heads x 128, one byte each, 256 tokens of context.
     assert kv_bytes_per_token(config, 256) == 2 * 28 * 8 * 128 * 256
+
+
+def test_bandwidth_measurement_on_a_small_array_is_positive():
+    from ops.bench.bandwidth import measure_bandwidth
+
+    bw = measure_bandwidth(gib=1 / 64, passes=2, threads=2)
+    assert bw.one_thread > 0 and bw.all_threads > 0
+    assert bw.array_bytes == 2**30 // 64 and bw.threads == 2
