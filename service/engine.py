@@ -158,6 +158,7 @@ class Engine:
             self.pipeline = self._factory()
             if self.settings.warmup:
                 self._warmup()
+                self._release_mapped_weights()
             self.load_seconds = time.monotonic() - started
             log.info("model ready", extra={"load_seconds": round(self.load_seconds, 2)})
             self.ready.set()
@@ -166,6 +167,16 @@ class Engine:
             log.exception("model failed to load")
             return
         self._serve()
+
+    def _release_mapped_weights(self) -> None:
+        from service.mapped_weights import release
+
+        try:
+            released = release(self.settings.model_dir)
+        except OSError as e:  # an optimisation: never a reason not to serve
+            log.warning("could not release mapped weights", extra={"error": str(e)})
+            return
+        log.info("released mapped weight pages after warm-up", extra={"mapped_mib": released // 2**20})
 
     def _load(self):
         raise NotImplementedError
