@@ -273,12 +273,28 @@ def service_address(env: dict[str, str]) -> tuple[str, int]:
     return host, int(env.get("VLFLEET_PORT", "8000"))
 
 
+def api_key(env: dict) -> str | None:
+    """The first key of the service's VLFLEET_API_KEYS_FILE, so probes pass when keys are required."""
+    path = env.get("VLFLEET_API_KEYS_FILE")
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    except OSError:
+        return None
+    return keys[0] if keys else None
+
+
 def request(addr: tuple[str, int], method: str, path: str, body: dict | None = None,
-         timeout: float = 10) -> tuple[int, bytes]:
+            timeout: float = 10, key: str | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(*addr, timeout=timeout)
     try:
         payload = json.dumps(body).encode() if body is not None else None
-        conn.request(method, path, body=payload, headers={"Content-Type": "application/json"} if payload else {})
+        headers = {"Content-Type": "application/json"} if payload else {}
+        if key:
+            headers["Authorization"] = "Bearer " + key
+        conn.request(method, path, body=payload, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -293,7 +309,7 @@ def readyz(addr: tuple[str, int]) -> tuple[int, dict]:
         return 0, {"reason": f"{type(e).__name__}: {e}"}
 
 
-def smoke(addr: tuple[str, int], timeout: float) -> dict:
+def smoke(addr: tuple[str, int], timeout: float, key: str | None = None) -> dict:
     """A real answer: one image and a question, a fixed number of tokens (the model's words may be noise)."""
     body = {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64," + SMOKE_PNG}},
@@ -302,7 +318,7 @@ def smoke(addr: tuple[str, int], timeout: float) -> dict:
         "max_tokens": SMOKE_TOKENS, "ignore_eos": True, "stream": False}
     started = time.monotonic()
     try:
-        status, raw = request(addr, "POST", "/v1/chat/completions", body, timeout=timeout)
+        status, raw = request(addr, "POST", "/v1/chat/completions", body, timeout=timeout, key=key)
     except OSError as e:
         return {"ok": False, "reason": f"smoke request failed: {type(e).__name__}: {e}"}
     seconds = round(time.monotonic() - started, 2)
@@ -340,7 +356,7 @@ def gate(root: Path, unit: str, release: str | None, timeout: float, since: floa
             return {"ok": False, "reason": why, "journal": journal_tail(unit, since)}
         time.sleep(poll)
     ready_s = round(time.monotonic() - (deadline - timeout), 1)
-    result = smoke(addr, timeout=max(30.0, deadline - time.monotonic()))
+    result = smoke(addr, timeout=max(30.0, deadline - time.monotonic()), key=api_key(env))
     if not result["ok"]:
         return {"ok": False, "reason": result["reason"], "journal": journal_tail(unit, since), "readyz": last}
     return {"ok": True, "ready_s": ready_s, "smoke": result, "readyz": last}
@@ -418,10 +434,11 @@ def probe(args: dict) -> dict:
         state = {"error": str(e)}
     out["unit"] = {k: state.get(k) for k in ("ActiveState", "SubState", "MainPID", "NRestarts")}
     out["rss_bytes"] = cgroup_rss(state.get("ControlGroup") or "")
-    addr = service_address(read_env(root / "current" / "vlfleet.env"))
+    env = read_env(root / "current" / "vlfleet.env")
+    addr = service_address(env)
     out["readyz_status"], out["readyz"] = readyz(addr)
     try:
-        status, raw = request(addr, "GET", "/metrics", timeout=5)
+        status, raw = request(addr, "GET", "/metrics", timeout=5, key=api_key(env))
         keep = ("vlfleet_time_to_first_token_seconds", "vlfleet_model_info")
         out["metrics"] = "\n".join(line for line in raw.decode(errors="replace").splitlines()
                                    if line.startswith(keep)) if status == 200 else ""

@@ -19,6 +19,20 @@ EXIT_CONFIG = 2
 EXIT_ARTIFACT = 3
 
 
+def check_hashes(directory) -> None:
+    """The start gate's full part: every file's sha256 against the manifest (a same-size corruption passes
+    ``check_startup``, which compares sizes). Raises ``ArtifactError`` naming the files."""
+    from service.manifest import ArtifactError, verify
+
+    report = verify(directory, full=True)
+    fix = "copy the artifact again from the controller (the model_artifact role does it)"
+    if report.modified:
+        raise ArtifactError("file-hashes", directory, "file(s) differ from the manifest: "
+                            + "; ".join(f"{n}: {why}" for n, why in report.modified.items()), fix)
+    if report.id_mismatch:
+        raise ArtifactError("file-hashes", directory, report.id_mismatch, fix)
+
+
 def check_artifact(settings: Settings) -> None:
     from service.manifest import ArtifactError, check_startup, installed_runtime_version
 
@@ -27,6 +41,8 @@ def check_artifact(settings: Settings) -> None:
         return
     try:
         check_startup(settings.model_dir, installed_runtime_version() or "0")
+        if settings.verify_hashes:
+            check_hashes(settings.model_dir)  # ~1 s per GB; a flipped byte must not be served
     except ArtifactError as e:
         raise SystemExit(_fatal(str(e), EXIT_ARTIFACT)) from None
 

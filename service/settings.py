@@ -141,6 +141,9 @@ FIELDS: tuple[Field, ...] = (
     Field("release_id", str, "", "Release this process belongs to (shown in /readyz and /metrics).", "a string"),
     Field("log_level", _choice("debug", "info", "warning", "error"), "info", "Log level of the JSON logs.",
           "debug, info, warning or error"),
+    Field("verify_hashes", _bool, True,
+          "At start, check every model file's sha256 against the manifest (about 1 s per GB), not only sizes.",
+          "true or false"),
     Field("skip_artifact_check", _bool, False,
           "Start even when the artifact's manifest checks fail (for development only).", "true or false"),
 )

@@ -427,8 +427,6 @@ def test_truncated_model_file_service_refuses_checklist_names_it_lb_serves(inven
                                  "lb_statuses": statuses, "checklist": artifact.message[:200]})
 
 
-@pytest.mark.xfail(strict=True, reason="the start gate (service.manifest.check_startup) compares sizes only; a "
-                                       "same-size corruption is caught by the checklist's sha256, not at start")
 def test_flipped_byte_in_model_file_service_refuses_to_start(inventory, hosts, corrupt_c2):
     c2 = hosts["c2"]
     broken = corrupt_c2("flip")

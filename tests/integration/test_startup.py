@@ -54,3 +54,13 @@ def test_artifact_without_manifest_is_refused(damaged_copy):
     result = run_service({"VLFLEET_MODEL_DIR": str(damaged_copy)})
     assert result.returncode == 3
     assert "manifest" in result.stderr
+
+
+def test_artifact_with_flipped_byte_is_refused(damaged_copy):
+    target = damaged_copy / "openvino_language_model.bin"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: only the hash can tell
+    target.write_bytes(bytes(data))
+    result = run_service({"VLFLEET_MODEL_DIR": str(damaged_copy)})
+    assert result.returncode == 3
+    assert "file-hashes" in result.stderr and "openvino_language_model.bin" in result.stderr
