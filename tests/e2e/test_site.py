@@ -159,8 +159,9 @@ def test_check_mode_on_converged_fleet_reports_no_changes(converged):
 
 
 def _service_pids(host: dict) -> list[int]:
-    # MainPID (launcher, exec'd into gunicorn's master) and its worker: every process of the unit's cgroup.
-    procs = _sudo(host, "cat /sys/fs/cgroup/system.slice/vlfleet.service/cgroup.procs").split()
+    # MainPID (the launcher, exec'd into gunicorn's master) and its children (the worker). Not the cgroup file:
+    # its path differs between unified and hybrid hierarchies (nspawn containers).
+    procs = _sudo(host, "m=$(systemctl show -p MainPID --value vlfleet.service); ps -o pid= -p $m --ppid $m").split()
     assert procs, "vlfleet.service has no processes"
     return [int(p) for p in procs]
 
