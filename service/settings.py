@@ -33,22 +33,21 @@ class Field:
         return PREFIX + self.name.upper()
 
 
-def _int_range(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        value = int(raw)
+def _in_range(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
+    def parse(raw: str):
+        value = kind(raw)
         if not lo <= value <= hi:
             raise ValueError
         return value
     return parse
+
+
+def _int_range(lo: int, hi: int) -> Callable[[str], int]:
+    return _in_range(int, lo, hi)
 
 
 def _float_range(lo: float, hi: float) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        value = float(raw)
-        if not lo <= value <= hi:
-            raise ValueError
-        return value
-    return parse
+    return _in_range(float, lo, hi)
 
 
 def _bool(raw: str) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 
 from ops.model.convert import SOURCE_FILE, describe_source
 from ops.paths import cache_root
+from service.manifest import sha256_file
 
 DEFAULT_REPO = "Qwen/Qwen3-VL-2B-Instruct"
 DEFAULT_REVISION = "main"
@@ -194,14 +195,6 @@ def _range_start(content_range: str | None) -> int | None:
 def _range_total(content_range: str | None) -> int | None:
     m = re.match(r"bytes [*\d-]+/(\d+)", content_range or "")
     return int(m.group(1)) if m else None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _safe_extract(archive: Path, dest: Path) -> None:
