@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.site_vars import site_vars
 from tests.prereq import require_tools
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
@@ -110,14 +111,6 @@ def _record(name: str, data: dict) -> None:
 # -- the fleet -------------------------------------------------------------------------------------------------
 
 
-def _site_vars(artifact: Path) -> dict:
-    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
-
-    wheelhouse = assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)  # Debian 12 staging hosts: Python 3.11
-    return {"vlfleet_artifact_dir": str(artifact), "vlfleet_wheelhouse_dir": str(wheelhouse),
-            "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": READY_TIMEOUT}
-
-
 @pytest.fixture(scope="module")
 def inventory(request, tiny_model: Path) -> Path:
     """The e2e fleet converged with site.yml (idempotent: quick when another module already converged it).
@@ -128,7 +121,8 @@ def inventory(request, tiny_model: Path) -> Path:
 
     given = os.environ.get("VLFLEET_FAULTS_INVENTORY")
     inv = Path(given) if given else Path(request.getfixturevalue("staging_fleet").inventory_path)
-    run = run_playbook(inv, "site.yml", _site_vars(tiny_model), timeout=CONVERGE_TIMEOUT, echo=None)
+    extra = site_vars(tiny_model, ready_timeout=READY_TIMEOUT)
+    run = run_playbook(inv, "site.yml", extra, timeout=CONVERGE_TIMEOUT, echo=None)
     assert run.ok, f"site.yml failed, no fleet to break:\n{run.summary()}"
     return inv
 

@@ -24,6 +24,7 @@ import pytest
 
 from ops.preflight import registry
 from ops.preflight.results import Report
+from tests.e2e.site_vars import site_vars
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -74,14 +75,11 @@ def hosts(staging_fleet) -> dict[str, dict]:
 def inventory(staging_fleet, tiny_model: Path) -> Path:
     """The e2e fleet converged with site.yml (idempotent: quick when test_site already converged it)."""
     from ops.playbook import run_playbook
-    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
 
     inv = Path(staging_fleet.inventory_path)
     if os.environ.get("VLFLEET_E2E_CONVERGED") == "1":
         return inv  # dev loop: the kept fleet is already converged (a TCG VM takes many minutes per site.yml run)
-    wheelhouse = assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)  # Debian 12 staging hosts: Python 3.11
-    extra = {"vlfleet_artifact_dir": str(tiny_model), "vlfleet_wheelhouse_dir": str(wheelhouse),
-             "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": 900}
+    extra = site_vars(tiny_model)
     run = run_playbook(inv, "site.yml", extra, timeout=CONVERGE_TIMEOUT, echo=None)
     assert run.ok, f"site.yml failed, the checklist has nothing to check:\n{run.summary()}"
     return inv

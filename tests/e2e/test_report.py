@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.site_vars import site_vars
 from tests.prereq import require
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow, pytest.mark.browser]
@@ -30,12 +31,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 def inventory(staging_fleet, tiny_model: Path) -> Path:
     """The e2e fleet converged with site.yml (idempotent: quick when another e2e test converged it already)."""
     from ops.playbook import run_playbook
-    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
 
     inv = Path(staging_fleet.inventory_path)
-    wheelhouse = assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)  # Debian 12 staging hosts: Python 3.11
-    extra = {"vlfleet_artifact_dir": str(tiny_model), "vlfleet_wheelhouse_dir": str(wheelhouse),
-             "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": 900}
+    extra = site_vars(tiny_model)
     run = run_playbook(inv, "site.yml", extra, timeout=3600, echo=None)
     assert run.ok, f"site.yml failed, nothing to report on:\n{run.summary()}"
     return inv

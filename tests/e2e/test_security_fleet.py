@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.site_vars import site_vars
+
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 HUB_TOKEN = "hf_vlfleetPLANTEDtoken7Q2x9ZkWm4"
@@ -89,7 +91,6 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
     """Plant both secrets, converge, fetch, make requests; yields what the controller saw. Restores the host."""
     from ops.playbook import run_playbook
     from ops.preflight.runner import Options, run_host
-    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
 
     inventory = _inventory_path(request)
     tmp = tmp_path_factory.mktemp("secrets")
@@ -102,9 +103,7 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert fetch.returncode == 0, fetch.stdout + fetch.stderr
     # The converge runs with the token in the controller's environment.
-    wheelhouse = assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)
-    extra = {"vlfleet_artifact_dir": str(tiny_model), "vlfleet_wheelhouse_dir": str(wheelhouse),
-             "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": 900}
+    extra = site_vars(tiny_model)
     old = os.environ.get("HF_TOKEN")
     os.environ["HF_TOKEN"] = HUB_TOKEN
     try:

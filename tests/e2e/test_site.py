@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.site_vars import site_vars
+
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 CONVERGE_TIMEOUT = 3600
@@ -34,26 +36,9 @@ def _sudo(host: dict, command: str, timeout: float = 60) -> str:
     return done.stdout
 
 
-def _extra_vars(artifact: Path, wheelhouse: Path) -> dict:
-    return {
-        "vlfleet_artifact_dir": str(artifact),
-        "vlfleet_wheelhouse_dir": str(wheelhouse),
-        # The lb is another host: the service binds each host's private address (inventory.example does the same).
-        "vlm_service_host": "{{ ansible_host }}",
-        "vlm_service_ready_timeout": 900,
-    }
-
-
 def _print_profile(label: str, run) -> None:
     roles = ", ".join(f"{r} {s:.1f}s" for r, s in sorted(run.roles.items(), key=lambda kv: -kv[1]))
     print(f"\n[site] {label}: {run.duration:.1f} s; per role: {roles}\n{run.summary()}")
-
-
-@pytest.fixture(scope="module")
-def wheelhouse() -> Path:
-    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
-
-    return assemble(Target("3.11", DEFAULT_PLATFORM), quiet=True)  # Debian 12 staging hosts: Python 3.11
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +49,12 @@ def hosts(staging_fleet) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def converged(staging_fleet, tiny_model: Path, wheelhouse: Path, tmp_path_factory):
+def converged(staging_fleet, tiny_model: Path, tmp_path_factory):
     """First run, second run and a --check run of site.yml, in that order."""
     from ops.playbook import run_playbook
 
     inventory = Path(staging_fleet.inventory_path)
-    extra = _extra_vars(tiny_model, wheelhouse)
+    extra = site_vars(tiny_model)
     first = run_playbook(inventory, "site.yml", extra, timeout=CONVERGE_TIMEOUT)
     _print_profile("first run", first)
     assert first.ok, f"site.yml failed:\n{first.summary()}"
@@ -232,14 +217,14 @@ def test_release_layout_and_modes(converged, hosts):
         assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
-def test_host_without_avx2_stops_at_cpu_check(noavx2_fleet, tiny_model: Path, wheelhouse: Path):
+def test_host_without_avx2_stops_at_cpu_check(noavx2_fleet, tiny_model: Path):
     from ops.playbook import run_playbook
     from ops.staging.inventory import hosts_of
 
     inventory = Path(noavx2_fleet.inventory_path)
     (name, host), = hosts_of(inventory).items()
     assert "avx2" not in _sudo(host, "grep -m1 '^flags' /proc/cpuinfo").split()
-    run = run_playbook(inventory, "site.yml", _extra_vars(tiny_model, wheelhouse), timeout=900)
+    run = run_playbook(inventory, "site.yml", site_vars(tiny_model), timeout=900)
     assert not run.ok
     failures = run.failed.get(name, [])
     assert len(failures) == 1 and "cpu-01" in failures[0]["task"], failures
