@@ -88,7 +88,7 @@ def load_inventory(path: Path | str) -> Inventory:
     """Read any Ansible inventory (YAML, INI, with group_vars) the way Ansible does: `ansible-inventory --list`."""
     from ops.playbook import PlaybookError, ansible_env, ansible_playbook_binary
 
-    path = Path(path).expanduser()
+    path = Path(path).expanduser().resolve()  # ansible-inventory runs from the repo root
     if not path.exists():
         raise FleetError(f"inventory {path} not found: pass --inventory PATH (see inventory.example, or the one "
                          f"`vlfleet staging.up` prints)")
