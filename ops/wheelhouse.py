@@ -11,8 +11,6 @@ finished wheelhouse additionally by (project version, code hash).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,12 +19,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ops.paths import cache_root, repo_root
+from ops.paths import cache_root, locked, repo_root
 
 PYTHONS = ("3.10", "3.11", "3.12")
 # Ubuntu 22.04 ships glibc 2.35: its hosts take any manylinux_2_x wheel with x <= 35.
@@ -153,15 +150,6 @@ def _key(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # Builds of the same wheelhouse from parallel sessions (tests, operators) wait for each other.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def _pip(*args: str, quiet: bool) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pip", *args]
     return subprocess.run(cmd, text=True, capture_output=quiet)
@@ -172,7 +160,7 @@ def download_deps(target: Target, pins: list[str], quiet: bool = False) -> Path:
     out = cache_root() / "wheelhouse" / "deps" / f"{target.label}-{_key(*pins)}"
     if (out / ".complete").is_file():
         return out
-    with _locked(out):
+    with locked(out):
         if not (out / ".complete").is_file():
             _download_deps(target, pins, out, quiet)
     return out
@@ -233,7 +221,7 @@ def assemble(target: Target, out: Path | None = None, quiet: bool = False) -> Pa
     key = _key(target.label, *pins, project_version(), code_hash())
     cached = cache_root() / "wheelhouse" / f"{target.label}-{key}"
     if not (cached / "wheelhouse.json").is_file():
-        with _locked(cached):
+        with locked(cached):
             if not (cached / "wheelhouse.json").is_file():
                 _assemble(target, pins, cached, key, quiet)
     if out is None:

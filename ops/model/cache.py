@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 from ops.model import convert as convert_mod
 from ops.model import synth
-from ops.paths import cache_root
+from ops.paths import cache_root, locked
 from service import manifest as manifest_mod
 
 
@@ -22,21 +19,12 @@ def _code_key(*modules) -> str:
     return h.hexdigest()[:12]
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # Test sessions running side by side share the cache: one builds, the others wait and reuse.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def checkpoint(shape: str, seed: int = 0) -> Path:
     """A synthetic checkpoint of ``shape``; rebuilt only when synth.py changes."""
     out = cache_root() / "checkpoints" / f"synth-{shape}-s{seed}-{_code_key(synth)}"
     if (out / "config.json").is_file():
         return out
-    with _locked(out):
+    with locked(out):
         if not (out / "config.json").is_file():
             tmp = out.with_name(out.name + ".partial")
             shutil.rmtree(tmp, ignore_errors=True)
