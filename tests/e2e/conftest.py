@@ -72,7 +72,7 @@ def staging_inventory(staging_fleet) -> Path:
 # Missing tools still fail under VLFLEET_REQUIRE_ALL=1 (a skip is not an xfail).
 STRICT = os.environ.get("VLFLEET_E2E_STRICT") == "1"
 # Whatever has not started when the e2e budget is spent is reported as not run, so CI stays inside its time limit.
-BUDGET_S = float(os.environ.get("VLFLEET_E2E_BUDGET_S", "3000"))
+BUDGET_S = float(os.environ.get("VLFLEET_E2E_BUDGET_S", "2700"))
 _started: list[float] = []
 
 
