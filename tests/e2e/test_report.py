@@ -34,7 +34,7 @@ def inventory(staging_fleet, tiny_model: Path) -> Path:
 
     inv = Path(staging_fleet.inventory_path)
     extra = site_vars(tiny_model)
-    run = run_playbook(inv, "site.yml", extra, timeout=3600, echo=None)
+    run = run_playbook(inv, "site.yml", extra, timeout=1800, echo=None)
     assert run.ok, f"site.yml failed, nothing to report on:\n{run.summary()}"
     return inv
 

@@ -107,7 +107,7 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
     old = os.environ.get("HF_TOKEN")
     os.environ["HF_TOKEN"] = HUB_TOKEN
     try:
-        run = run_playbook(inventory, "site.yml", extra, timeout=3600, echo=None)
+        run = run_playbook(inventory, "site.yml", extra, timeout=1800, echo=None)
     finally:
         if old is None:
             os.environ.pop("HF_TOKEN", None)
