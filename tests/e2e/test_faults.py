@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.hostcmd import ssh as _ssh
+from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import site_vars
 from tests.prereq import require_tools
 
@@ -40,19 +42,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # -- talking to hosts ------------------------------------------------------------------------------------------
-
-
-def _ssh(host: dict, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    args = ["ssh", "-i", host["ansible_ssh_private_key_file"], *host["ansible_ssh_common_args"].split(),
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"{host['ansible_user']}@{host['ansible_host']}",
-            command]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def _sudo(host: dict, command: str, timeout: float = 120) -> str:
-    done = _ssh(host, f"sudo sh -c {json.dumps(command)}", timeout)
-    assert done.returncode == 0, f"{command!r} on {host['ansible_host']}: {done.stderr}"
-    return done.stdout
 
 
 def _readyz(address: str, port: int = 8000, timeout: float = 5) -> int:

@@ -24,6 +24,8 @@ import pytest
 
 from ops.preflight import registry
 from ops.preflight.results import Report
+from tests.e2e.hostcmd import ssh as _ssh
+from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import site_vars
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
@@ -34,19 +36,6 @@ CONVERGE_TIMEOUT = 1800  # bounded so a stuck VM cannot eat CI's 90 minutes
 RUN_TIMEOUT = 1200
 DROP_IN = "/etc/systemd/system/vlfleet.service.d/50-preflight-e2e-nofile.conf"
 BROKEN = {"c1": ["SVC-ACTIVE"], "c2": ["MODEL-ARTIFACT"], "vm1": ["SWAP-ACTIVE", "SVC-NOFILE"]}
-
-
-def _ssh(host: dict, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    args = ["ssh", "-i", host["ansible_ssh_private_key_file"], *host["ansible_ssh_common_args"].split(),
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"{host['ansible_user']}@{host['ansible_host']}",
-            command]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def _sudo(host: dict, command: str, timeout: float = 120) -> str:
-    done = _ssh(host, f"sudo sh -c {json.dumps(command)}", timeout)
-    assert done.returncode == 0, f"{command!r} on {host['ansible_host']}: {done.stderr}"
-    return done.stdout
 
 
 def _wait_ready(host: dict, timeout: float = 600) -> None:
