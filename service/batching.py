@@ -7,7 +7,6 @@ re-send the whole conversation; the scheduler's prefix cache re-uses the KV bloc
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import time
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.conversation import Conversation, Sampling, Timings
+from service.detokenize import IncrementalDecoder
 from service.engine import (
     RUNNING,
     Engine,
@@ -37,8 +37,8 @@ class Active:
     handle: Any  # openvino_genai.GenerationHandle
     started: float
     timings: Timings
-    ids: list[int] = field(default_factory=list)
-    sent: str = ""  # decoded text already streamed
+    decoder: IncrementalDecoder
+    tokens: int = 0
     pieces: list[str] = field(default_factory=list)
 
 
@@ -69,10 +69,6 @@ class BatchingEngine(Engine):
             self.pipeline.step()
             active = self._drain(active)
         raise RuntimeError("warm-up generation did not finish")
-
-    @functools.cached_property
-    def tokenizer(self):
-        return self.pipeline.get_tokenizer()
 
     def _serve(self) -> None:
         active: list[Active] = []
@@ -110,7 +106,8 @@ class BatchingEngine(Engine):
         prompt = render_prompt(self.tokenizer, job.conversation)
         handle = self.pipeline.add_request(next(self._ids), prompt, images, cfg)
         job.put("started", {"reused_session": False, "images": len(images), "cache": "miss"})
-        return Active(job, handle, started, Timings(queued_s=started - job.enqueued_at))
+        timings = Timings(queued_s=started - job.enqueued_at)
+        return Active(job, handle, started, timings, IncrementalDecoder(self.tokenizer))
 
     def _drain(self, active: list[Active]) -> list[Active]:
         """Stream new tokens of every active job; return those still running."""
@@ -122,8 +119,8 @@ class BatchingEngine(Engine):
                 a.handle.cancel()
             if a.handle.can_read():
                 for output in a.handle.read().values():
-                    a.ids.extend(output.generated_ids)
-                self._stream_text(a)
+                    a.tokens += len(output.generated_ids)
+                    self._stream(a, a.decoder.push(output.generated_ids))
             status = a.handle.get_status()
             if status == ov_genai.GenerationStatus.RUNNING or a.handle.can_read():
                 still.append(a)
@@ -131,22 +128,19 @@ class BatchingEngine(Engine):
             self._complete(a)
         return still
 
-    def _stream_text(self, a: Active) -> None:
-        text = self.tokenizer.decode(a.ids)
-        if text.endswith("\ufffd"):
-            return  # an incomplete UTF-8 sequence: wait for the rest of the character
-        if a.timings.first_token_s is None and a.ids:
+    def _stream(self, a: Active, text: str) -> None:
+        if not text:
+            return  # nothing yet, or an incomplete UTF-8 sequence: wait for the rest of the character
+        if a.timings.first_token_s is None:
             a.timings.first_token_s = time.monotonic() - a.started
-        delta = text[len(a.sent):]
-        if delta:
-            a.sent = text
-            a.pieces.append(delta)
-            a.job.put("token", delta)
+        a.pieces.append(text)
+        a.job.put("token", text)
 
     def _complete(self, a: Active) -> None:
         timings = a.timings
         timings.total_s = time.monotonic() - a.started
-        timings.completion_tokens = len(a.ids)
+        self._stream(a, a.decoder.flush())
+        timings.completion_tokens = a.tokens
         try:
             perf = a.handle.get_vlm_perf_metrics()
             timings.prompt_tokens = int(perf.get_num_input_tokens())

@@ -8,6 +8,7 @@ streamer's CANCEL return stops generation so the next job starts promptly.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 
 from service.answer_cache import AnswerCache, CachedAnswer, cache_key
 from service.conversation import Conversation, Sampling, Timings, Turn
+from service.detokenize import token_streamer
 from service.errors import APIError, Overloaded
 from service.sessions import Session, SessionStore
 
@@ -181,6 +183,10 @@ class Engine:
     def _load(self):
         raise NotImplementedError
 
+    @functools.cached_property
+    def tokenizer(self):
+        return self.pipeline.get_tokenizer()
+
     def _serve(self) -> None:
         raise NotImplementedError
 
@@ -274,8 +280,10 @@ class SerialEngine(Engine):
             job.put("token", text)
             return ov_genai.StreamingStatus.CANCEL if job.cancelled.is_set() else ov_genai.StreamingStatus.RUNNING
 
+        # Stop strings are matched by genai on text, so their answers keep genai's own (delayed) text streamer.
+        stream = streamer if job.sampling.stop else token_streamer(self.tokenizer, streamer)
         result = self.pipeline.generate(session.history, images=images,
-                                        generation_config=generation_config(job.sampling), streamer=streamer)
+                                        generation_config=generation_config(job.sampling), streamer=stream)
         timings.total_s = time.monotonic() - started
         perf = result.perf_metrics
         timings.prompt_tokens = int(perf.get_num_input_tokens())
@@ -338,10 +346,12 @@ def generation_config(sampling: Sampling):
 
 
 def pipeline_properties(settings) -> dict[str, Any]:
-    """OpenVINO properties from the settings: threads and the compiled-model cache."""
+    """OpenVINO properties from the settings: threads, precision and the compiled-model cache."""
     properties: dict[str, Any] = {}
     if settings.threads:
         properties["INFERENCE_NUM_THREADS"] = settings.threads
+    if settings.precision != "auto":
+        properties["INFERENCE_PRECISION_HINT"] = settings.precision
     if settings.model_cache_dir:
         Path(settings.model_cache_dir).mkdir(parents=True, exist_ok=True)
         properties["CACHE_DIR"] = str(settings.model_cache_dir)

@@ -1,7 +1,10 @@
 """`vlfleet bench.service`: what the HTTP+SSE path adds over calling VLMPipeline in-process.
 
 Both run in the same process tree on the same artifact, image, prompt and token count, alternating
-run by run so drift on a noisy machine hits both alike. The service is started as users start it.
+run by run so drift on a noisy machine hits both alike. The service is started as users start it. The
+in-process pipeline is built and streamed exactly as the service builds and streams its own (same settings,
+scheduler and streamer), so the ratio is the cost of HTTP, SSE and the service around the pipeline, nothing
+else. Each run uses a new image (the same one on both paths), so neither path answers from a warm prefix cache.
 """
 
 from __future__ import annotations
@@ -18,22 +21,24 @@ from ops.bench.server import free_port, start_service, wait_ready
 
 def measure(model: Path, runs: int = 5, tokens: int = 64, port: int | None = None) -> dict:
     """Alternate in-process and HTTP+SSE answers on one artifact; medians and their ratios."""
-    import openvino_genai as ov_genai
+    from service.engine import load_pipeline
+    from service.settings import load
 
-    png = workload.test_image()
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     log = Path(tempfile.mkdtemp()) / "service.log"
-    print(f"[bench.service] loading VLMPipeline in-process from {model}", flush=True)
-    pipe = ov_genai.VLMPipeline(str(model), "CPU")
+    print(f"[bench.service] loading VLMPipeline in-process from {model} with the service's settings", flush=True)
+    pipe = load_pipeline(load({}, model_dir=model))
     print("[bench.service] starting the service", flush=True)
     proc = start_service(model, port, log)
     try:
         wait_ready(url, proc, log=log)
-        workload.in_process(pipe, png, 8)  # warm both paths
-        workload.over_http(url, png, 8)
+        warm = workload.test_image(seed=runs + 1)
+        workload.in_process(pipe, warm, 8)  # warm both paths
+        workload.over_http(url, warm, 8)
         local, http = [], []
         for i in range(runs):
+            png = workload.test_image(seed=i + 1)
             local.append(workload.in_process(pipe, png, tokens))
             http.append(workload.over_http(url, png, tokens))
             print(f"[bench.service] run {i + 1}/{runs}: in-process first token {local[-1].first_token_s:.2f}s "

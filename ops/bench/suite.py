@@ -282,6 +282,7 @@ LEVERS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("compile cache", "VLFLEET_MODEL_CACHE_DIR, first start (fills it)", {"VLFLEET_MODEL_CACHE_DIR": "{cache}"}),
     ("compile cache", "VLFLEET_MODEL_CACHE_DIR, second start", {"VLFLEET_MODEL_CACHE_DIR": "{cache}"}),
     ("threads", "VLFLEET_THREADS=1", {"VLFLEET_THREADS": "1"}),
+    ("precision", "VLFLEET_PRECISION=f32", {"VLFLEET_PRECISION": "f32"}),
     ("image budget", "VLFLEET_IMAGE_MAX_SIDE=320 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "320"}),
     ("image budget", "VLFLEET_IMAGE_MAX_SIDE=448 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "448"}),
 )

@@ -53,23 +53,29 @@ def summarize(samples: list[Sample]) -> dict:
 
 
 def in_process(pipe, png: bytes, tokens: int, prompt: str = PROMPT) -> Sample:
-    """One answer from a VLMPipeline in this process, timed at the streamer callback."""
+    """One answer from a VLMPipeline in this process, streamed as the service streams (service.detokenize) and
+    timed at the first piece of text, as a client of the service times it."""
     import openvino as ov
     import openvino_genai as ov_genai
+
+    from service.detokenize import token_streamer
 
     pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)[None]
     cfg = ov_genai.GenerationConfig()
     cfg.max_new_tokens = cfg.min_new_tokens = tokens
     cfg.ignore_eos = True
+    history = ov_genai.ChatHistory()
+    history.append({"role": "user", "content": prompt})
     first: list[float] = []
 
-    def streamer(_text: str):
+    def on_text(_text: str):
         if not first:
             first.append(time.perf_counter())
         return ov_genai.StreamingStatus.RUNNING
 
     started = time.perf_counter()
-    result = pipe.generate(prompt, images=[ov.Tensor(pixels)], generation_config=cfg, streamer=streamer)
+    result = pipe.generate(history, images=[ov.Tensor(pixels)], generation_config=cfg,
+                           streamer=token_streamer(pipe.get_tokenizer(), on_text))
     ended = time.perf_counter()
     return Sample(first[0] - started, ended - started, int(result.perf_metrics.get_num_generated_tokens()))
 

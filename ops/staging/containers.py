@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ops.staging import network
 from ops.staging.hostfs import personalise
-from ops.staging.resources import adopt, proc_start_time
+from ops.staging.resources import spawn
 from ops.staging.state import HostRecord, StateStore
 from ops.staging.system import StagingError, log, run
 
@@ -44,11 +44,8 @@ def start(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, pubkey
         # Files the image already carries must stay as they are (no DNS, our own hostname and timezone).
         "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only",
     ]
-    with open(console, "wb") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    adopt(proc)
-    start_time = proc_start_time(proc.pid)
+    proc, start_time = spawn(argv, console)
     if not start_time:
         raise StagingError(f"{rec.name}: systemd-nspawn exited at once; see {console}")
-    store.record("process", proc.pid, rec.name, start_time=start_time, argv=argv, log=str(console))
+    store.record("process", proc.pid, rec.name, start_time=start_time, argv=argv, log=str(console),
+                 out=str(console))

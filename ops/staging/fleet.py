@@ -352,6 +352,47 @@ def down(name: str = "default") -> list[str]:
     return []
 
 
+def power_cycle(name: str, host: str, *, hard: bool = False, exit_timeout: float = 180.0) -> float:
+    """Start a staging host again on the same root/disk, network and argv, as a power button would.
+
+    ``hard``: cut its power now (the process is stopped; a VM loses what it had not written). Otherwise wait up to
+    ``exit_timeout`` s for the host to power itself off first: qemu runs with -no-reboot, so a guest
+    `systemctl reboot` ends its process, and an nspawn container ends on poweroff. Returns the seconds until the old
+    process was gone. Waiting for SSH afterwards is the caller's choice (boot takes minutes on TCG).
+    """
+    _check_name(name)
+    require_root()
+    started = time.monotonic()
+    with _fleet_lock(name):
+        store = StateStore.load(_state_path(name))
+        if store is None:
+            raise StagingError(f"fleet {name!r} is not up; run `vlfleet staging.up --name {name}` first")
+        if host not in store.state.hosts:
+            raise StagingError(f"no host {host!r} in fleet {name!r} (hosts: {', '.join(store.state.hosts)})")
+        proc = _host_process(store, host)
+        if proc is None or "argv" not in proc.extra:
+            raise StagingError(f"{host}: no recorded process to start again; run `vlfleet staging.up --name {name}`")
+        if hard:
+            resources.remove(proc)
+        deadline = started + exit_timeout
+        while resources.process_alive(proc):  # bounded by exit_timeout
+            if time.monotonic() > deadline:
+                raise StagingError(f"{host}: still running {exit_timeout:.0f} s after it was asked to power off; "
+                                   f"pass --hard to cut its power")
+            time.sleep(1)
+        waited = time.monotonic() - started
+        resources.reap(int(proc.id))
+        store.forget(proc)
+        out = Path(proc.extra.get("out") or proc.extra.get("log") or fleet_dir(name) / f"{host}.out")
+        new, start_time = resources.spawn(proc.extra["argv"], out, append=True)
+        if not start_time:
+            raise StagingError(f"{host}: {proc.extra['argv'][0]} exited at once; see {out}")
+        store.record("process", new.pid, host, start_time=start_time, argv=proc.extra["argv"],
+                     log=proc.extra.get("log"), out=str(out))
+    log(f"{host}: powered on again ({waited:.0f} s until the old process was gone)")
+    return waited
+
+
 def _try_remove(res: resources.Resource) -> str:
     try:
         resources.remove(res)

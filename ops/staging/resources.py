@@ -12,12 +12,24 @@ from pathlib import Path
 from ops.staging.state import Resource
 
 # Host processes started by this Python process, kept referenced: a collected Popen of a still-running child
-# warns, and keeping it lets `_reap` collect the exit status once `down` stops it.
+# warns, and keeping it lets `reap` collect the exit status once `down` stops it.
 _children: dict[int, subprocess.Popen] = {}
 
 
 def adopt(proc: subprocess.Popen) -> None:
     _children[proc.pid] = proc
+
+
+def spawn(argv: list[str], output: Path, *, append: bool = False) -> tuple[subprocess.Popen, str]:
+    """Start a host process (systemd-nspawn, qemu) in its own session, stdout and stderr to ``output``.
+
+    Returns it and its kernel start time, or "" when it exited at once (a refused argv)."""
+    with open(output, "ab" if append else "wb") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    adopt(proc)
+    time.sleep(0.5)
+    return proc, (proc_start_time(proc.pid) if proc.poll() is None else "")
 
 
 def proc_start_time(pid: int) -> str:
@@ -94,19 +106,19 @@ def _stop_process(res: Resource, timeout: float) -> None:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process_alive(res):
-        _reap(pid)
+        reap(pid)
         time.sleep(0.2)
     if process_alive(res):
         os.kill(pid, signal.SIGKILL)
         for _ in range(50):
-            _reap(pid)
+            reap(pid)
             if not process_alive(res):
                 break
             time.sleep(0.1)
-    _reap(pid)
+    reap(pid)
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
     proc = _children.get(pid)
     if proc is not None:
         if proc.poll() is not None:

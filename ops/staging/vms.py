@@ -13,14 +13,13 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from ops.paths import cache_root
 from ops.staging import network
 from ops.staging.containers import overlay_root
 from ops.staging.hostfs import personalise
-from ops.staging.resources import adopt, proc_start_time, remove
+from ops.staging.resources import remove, spawn
 from ops.staging.state import HostRecord, StateStore
 from ops.staging.system import StagingError, log, require_tools, run
 
@@ -146,15 +145,11 @@ def launch(store: StateStore, rec: HostRecord, disk: Path, tap: str, host_dir: P
     console = host_dir / "console.log"
     argv = qemu_argv(rec, disk, tap, console, memory_mb, vcpus)
     errlog = host_dir / "qemu.log"
-    with open(errlog, "wb") as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    adopt(proc)
-    time.sleep(0.5)
-    start_time = proc_start_time(proc.pid)
-    if proc.poll() is not None or not start_time:
+    proc, start_time = spawn(argv, errlog)
+    if not start_time:
         raise StagingError(f"{rec.name}: qemu exited at once: {errlog.read_text(errors='replace')[-800:]}")
-    store.record("process", proc.pid, rec.name, start_time=start_time, argv=argv, log=str(console))
+    store.record("process", proc.pid, rec.name, start_time=start_time, argv=argv, log=str(console),
+                 out=str(errlog))
 
 
 def console_tail(host_dir: Path, chars: int = 1500) -> str:

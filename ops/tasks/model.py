@@ -71,7 +71,7 @@ def fetch(c, source="Qwen/Qwen3-VL-2B-Instruct", revision=None, out=None, endpoi
 
 @task(help={"source": "Hugging Face checkpoint directory (from model.fetch or model.synth)",
             "out": "artifact directory to create", **_FORMAT_HELP})
-def convert(c, source, out, weight_format="int4", group_size=128, ratio=1.0, sym=False):
+def convert(c, source, out, weight_format="int4", group_size=128, ratio="1.0", sym=False):
     """Convert a checkpoint to an OpenVINO IR artifact with manifest.json (atomic; never overwrites)."""
     from ops.model.convert import convert as run_convert
 
@@ -116,7 +116,7 @@ def verify(c, directory, smoke=False, cheap=False):
 @task(help={**_FETCH_HELP, **_FORMAT_HELP, "out": "artifact directory (default: cached under the vlfleet cache)",
             "smoke": "also load the artifact with VLMPipeline and generate a few tokens"})
 def build(c, source="Qwen/Qwen3-VL-2B-Instruct", revision=None, out=None, endpoint=None, token_file=None,
-          sha256=None, weight_format="int4", group_size=128, ratio=1.0, sym=False, smoke=False):
+          sha256=None, weight_format="int4", group_size=128, ratio="1.0", sym=False, smoke=False):
     """fetch + convert + verify, cached by (source, resolved revision, format, params, tool versions)."""
     from ops.model.build import build as run_build
     from ops.model.fetch import FetchError

@@ -78,6 +78,23 @@ def status(c, name=""):
             print(f"  {host:5} {h['kind']:9} {h['ip']:15} {state}{extra}")
 
 
+@task(name="power-cycle", help={
+    "host": "host name from the inventory (c1, vm1, lb1, ...)", "name": "fleet name (default: default)",
+    "hard": "cut its power now; otherwise wait for the host to power itself off (after `systemctl poweroff` or, "
+            "on a VM, `systemctl reboot` inside it)",
+    "timeout": "seconds to wait for it to power off (default 180)"})
+def power_cycle(c, host, name="default", hard=False, timeout=180):
+    """Power a staging host on again with the same disk, network and address (reboot and power-cut drills)."""
+    from ops.staging.fleet import power_cycle as cycle
+    from ops.staging.system import StagingError
+
+    try:
+        cycle(name, host, hard=hard, exit_timeout=float(timeout))
+    except StagingError as e:
+        raise Exit(f"staging.power-cycle: {e}") from None
+    print(f"{host} is booting; `vlfleet staging.status --name {name}` shows when SSH answers")
+
+
 @task(help={"host": "host name from the inventory (c1, vm1, lb1, ...)", "name": "fleet name (default: default)",
             "command": "run this command instead of an interactive shell"})
 def ssh(c, host, name="default", command=""):

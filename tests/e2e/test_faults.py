@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.staging.fleet import power_cycle
 from tests.e2e.hostcmd import ssh as _ssh
 from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import site_vars
@@ -156,47 +157,6 @@ def _checklist(inventory: Path, host: str, tmp: Path):
     from ops.preflight.runner import Options, run_host
 
     return run_host(host, inventory, Options(waivers=str(_waivers(tmp / "waivers.yml"))), tmp)
-
-
-def power_cycle(fleet_name: str, host: str, exit_timeout: float = 180) -> float:
-    """Start a staging host's process again after it powered itself off (qemu runs with -no-reboot, so a guest
-    reboot ends the process; an nspawn container ends on poweroff). Same disk/root, same network, same argv.
-
-    Returns the seconds waited for the old process to end. Uses ops.staging internals: there is no public
-    `staging.reboot` (see the report of issue 8).
-    """
-    from ops.staging import fleet as staging
-    from ops.staging import resources
-    from ops.staging.resources import adopt, proc_start_time
-    from ops.staging.state import StateStore
-
-    started = time.monotonic()
-    with staging._fleet_lock(fleet_name):
-        store = StateStore.load(staging._state_path(fleet_name))
-        assert store is not None, f"staging fleet {fleet_name} has no state"
-        proc = staging._host_process(store, host)
-        assert proc is not None, f"{host} has no recorded process"
-        for _ in range(int(exit_timeout)):
-            if not resources.process_alive(proc):
-                break
-            time.sleep(1)
-        else:
-            pytest.fail(f"{host}: its process still runs {exit_timeout:.0f} s after poweroff/reboot")
-        waited = time.monotonic() - started
-        child = resources._children.pop(int(proc.id), None)  # a host this process started: reap its zombie
-        if child is not None:
-            child.wait(timeout=30)
-        store.forget(proc)
-        log = proc.extra.get("log")
-        with open(log or os.devnull, "ab") as out:
-            new = subprocess.Popen(proc.extra["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        adopt(new)
-        time.sleep(0.5)
-        start_time = proc_start_time(new.pid)
-        assert new.poll() is None and start_time, f"{host}: {proc.extra['argv'][0]} exited at once (see {log})"
-        store.record("process", new.pid, host, start_time=start_time, argv=proc.extra["argv"], log=log)
-    return waited
 
 
 def _halt(host: dict, verb: str) -> None:

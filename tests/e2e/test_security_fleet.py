@@ -2,10 +2,10 @@
 artifact and the release are read-only to the service user, env files are 0640, the unit's exposure is <= 3.0.
 
 Planted secrets: a fake hub token in HF_TOKEN for a fetch and for the whole converge, and an API key that one host
-(the first service host) is made to require (the vlm_service role deploys no keys file, so the test places one,
-root:vlfleet 0640, through stdin so no command line carries it). After a converge, a request with a wrong key
-and one with the right key, the test greps the fetch and Ansible output, the checklist's report, every host's
-journal, nginx's logs and process lists (hosts and controller) for both strings.
+(the first service host) is made to require through the role (a second converge limited to it, with
+vlm_service_api_keys set). After requests without, with a wrong and with the right key, the test greps the fetch
+and Ansible output, the checklist's report, every host's journal, nginx's logs and process lists (hosts and
+controller) for both strings. A last limited converge without keys puts the host back (file removed, API open).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 HUB_TOKEN = "hf_vlfleetPLANTEDtoken7Q2x9ZkWm4"
 API_KEY = "vlf-planted-key-3c9e1a7f5b2d"
-KEYS_FILE = "/etc/vlfleet/api-keys"
 ENV_FILE = "/opt/vlfleet/current/vlfleet.env"
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -117,12 +116,10 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
     name = next(n for n, h in hosts.items() if "vlm" in h["groups"])
     host = hosts[name]
     lb = next(h for h in hosts.values() if "lb" in h["groups"])
-    original_env = _sudo(host, f"cat {ENV_FILE}")
+    keyed = run_playbook(inventory, "site.yml", {**extra, "vlm_service_api_keys": [API_KEY]}, limit=name,
+                         timeout=1800, echo=None)
     try:
-        _sudo(host, f"install -d -m 0750 -o root -g vlfleet {Path(KEYS_FILE).parent} && "
-                    f"install -m 0640 -o root -g vlfleet /dev/null {KEYS_FILE} && cat > {KEYS_FILE}",
-              stdin=f"# planted by tests/e2e/test_security_fleet.py\n{API_KEY}\n")
-        _sudo(host, f"echo VLFLEET_API_KEYS_FILE={KEYS_FILE} >> {ENV_FILE} && systemctl restart vlfleet.service")
+        assert keyed.ok, keyed.summary()
         _wait_ready(host["ansible_host"])
         chat = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
         statuses = {
@@ -134,7 +131,7 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
             "through lb, wrong key": _request(lb["ansible_host"], 80, "GET", "/v1/models", API_KEY + "x"),
         }
         checklist = run_host(name, inventory, Options(), tmp)
-        seen = {"fetch output": fetch.stdout + fetch.stderr, "ansible output": run.output,
+        seen = {"fetch output": fetch.stdout + fetch.stderr, "ansible output": run.output + keyed.output,
                 "checklist report": (tmp / f"{name}.json").read_text() + (tmp / f"{name}.log").read_text(),
                 "controller process list": subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True,
                                                           timeout=30).stdout}
@@ -145,7 +142,8 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
                                              "/var/cache/vlfleet 2>/dev/null || true")
         yield {"name": name, "statuses": statuses, "seen": seen, "checklist": checklist}
     finally:
-        _sudo(host, f"cat > {ENV_FILE} && rm -f {KEYS_FILE} && systemctl restart vlfleet.service", stdin=original_env)
+        restored = run_playbook(inventory, "site.yml", extra, limit=name, timeout=1800, echo=None)
+        assert restored.ok, restored.summary()
         _wait_ready(host["ansible_host"])
 
 

@@ -29,3 +29,19 @@ def test_every_field_documents_itself(field):
 def test_error_names_variable_and_allowed_values():
     with pytest.raises(SettingsError, match=r"VLFLEET_DEVICE='GPU' is not valid: expected CPU"):
         load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_DEVICE": "GPU"})
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, {}),
+    ({"VLFLEET_PRECISION": "f32", "VLFLEET_THREADS": "2"}, {"INFERENCE_PRECISION_HINT": "f32",
+                                                           "INFERENCE_NUM_THREADS": 2}),
+])
+def test_openvino_properties_come_from_the_settings(env, expected):
+    from service.engine import pipeline_properties
+
+    assert pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", **env})) == expected
+
+
+def test_bad_precision_names_the_choices():
+    with pytest.raises(SettingsError, match=r"VLFLEET_PRECISION='fp8' is not valid: expected auto, bf16 or f32"):
+        load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_PRECISION": "fp8"})
