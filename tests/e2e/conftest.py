@@ -64,25 +64,11 @@ def staging_inventory(staging_fleet) -> Path:
     return staging_fleet.inventory_path
 
 
-# --- landing guard -------------------------------------------------------------------------------------------
-# These end-to-end tests have passed on staging fleets built by their authors, but not yet together, in one
-# session, on the standard fleet with its TCG VM (the machine they were written on was too crowded to boot one in
-# time). Until `issues ci` shows them passing there, they run as non-strict xfail: every result is reported
-# (XPASS / XFAIL with the failure), but a failure does not block landing. VLFLEET_E2E_STRICT=1 makes them strict.
-# Missing tools still fail under VLFLEET_REQUIRE_ALL=1 (a skip is not an xfail).
-STRICT = os.environ.get("VLFLEET_E2E_STRICT") == "1"
-# Whatever has not started when the e2e budget is spent is reported as not run, so CI stays inside its time limit.
+# --- time budget ----------------------------------------------------------------------------------------------
+# Whatever has not started when the e2e budget is spent is reported as not run (xfail with the reason), so a slow
+# machine keeps CI inside its time limit instead of losing the whole run.
 BUDGET_S = float(os.environ.get("VLFLEET_E2E_BUDGET_S", "2700"))
 _started: list[float] = []
-
-
-def pytest_collection_modifyitems(config, items):
-    if STRICT:
-        return
-    for item in items:
-        if "tests/e2e/" in item.nodeid:
-            item.add_marker(pytest.mark.xfail(strict=False, reason="e2e not yet verified on the standard fleet in CI "
-                                                                   "(VLFLEET_E2E_STRICT=1 makes it strict)"))
 
 
 def pytest_runtest_setup(item):

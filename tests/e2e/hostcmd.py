@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import shlex
 import subprocess
 
 
@@ -14,6 +14,7 @@ def ssh(host: dict, command: str, timeout: float = 120) -> subprocess.CompletedP
 
 
 def sudo(host: dict, command: str, timeout: float = 120) -> str:
-    done = ssh(host, f"sudo sh -c {json.dumps(command)}", timeout)
+    """``command`` run by root's sh; single-quoted, so the login shell expands nothing in it (not $(...) nor $x)."""
+    done = ssh(host, f"sudo sh -c {shlex.quote(command)}", timeout)
     assert done.returncode == 0, f"{command!r} on {host['ansible_host']}: {done.stderr}"
     return done.stdout

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import site_vars
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
@@ -31,20 +32,6 @@ API_KEY = "vlf-planted-key-3c9e1a7f5b2d"
 ENV_FILE = "/opt/vlfleet/current/vlfleet.env"
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _ssh(host: dict, command: str, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess:
-    args = ["ssh", "-i", host["ansible_ssh_private_key_file"], *host["ansible_ssh_common_args"].split(),
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"{host['ansible_user']}@{host['ansible_host']}",
-            command]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=stdin,
-                          stdin=None if stdin is not None else subprocess.DEVNULL)
-
-
-def _sudo(host: dict, command: str, timeout: float = 120, stdin: str | None = None) -> str:
-    done = _ssh(host, f"sudo sh -c {json.dumps(command)}", timeout, stdin)
-    assert done.returncode == 0, f"{command!r} on {host['ansible_host']}: {done.stderr}"
-    return done.stdout
 
 
 def _request(address: str, port: int, method: str, path: str, key: str | None = None,

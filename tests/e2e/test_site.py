@@ -9,11 +9,12 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.hostcmd import ssh as _ssh
+from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import site_vars
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
@@ -21,19 +22,6 @@ pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 CONVERGE_TIMEOUT = 1800  # bounded so a stuck VM cannot eat CI's 90 minutes
 # What the tests print and what the closing note quotes: per-role wall time of each run.
 PROFILE_FILE = "site-profile.json"
-
-
-def _ssh(host: dict, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    args = ["ssh", "-i", host["ansible_ssh_private_key_file"], *host["ansible_ssh_common_args"].split(),
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"{host['ansible_user']}@{host['ansible_host']}",
-            command]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-
-
-def _sudo(host: dict, command: str, timeout: float = 60) -> str:
-    done = _ssh(host, f"sudo sh -c {json.dumps(command)}", timeout)
-    assert done.returncode == 0, f"{command!r} on {host['ansible_host']}: {done.stderr}"
-    return done.stdout
 
 
 def _print_profile(label: str, run) -> None:
