@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -117,21 +118,33 @@ def _answers(url: str, plan: Plan, width: int, height: int, seed: int, say: Call
 
 
 def _followup(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
-    firsts, seconds, reused = [], [], 0
+    """First question and a follow-up about the same image; also how much of each first token was spent preparing
+    embeddings (vision encoder + merger, server-side, from /metrics), which says where a follow-up's time goes."""
+    firsts, seconds, reused, embeds = [], [], 0, {"first": [], "followup": []}
+    encode_sum = "vlfleet_image_encode_seconds_sum"
+
+    def answer(messages: list[dict], kind: str) -> workload.Answer:
+        before = workload.metric(url, encode_sum)
+        done = workload.chat_stream(url, messages, plan.tokens)
+        embeds[kind].append(workload.metric(url, encode_sum) - before)
+        return done
+
     for i in range(plan.runs):
         png = workload.test_image(seed=300 + i)
-        first = workload.chat_stream(url, [workload.user_turn(png)], plan.tokens)
+        first = answer([workload.user_turn(png)], "first")
         messages = [workload.user_turn(png), {"role": "assistant", "content": first.text},
                     {"role": "user", "content": FOLLOWUP}]
-        second = workload.chat_stream(url, messages, plan.tokens)
+        second = answer(messages, "followup")
         reused += second.headers.get("X-Session-Reused") == "1"
         firsts.append(first.sample)
         seconds.append(second.sample)
-        say(f"follow-up pair {i + 1}/{plan.runs}: first question {first.sample.first_token_s:.2f}s, follow-up "
-            f"{second.sample.first_token_s:.2f}s (continued: {second.headers.get('X-Session-Reused')})")
+        say(f"follow-up pair {i + 1}/{plan.runs}: first question {first.sample.first_token_s:.2f}s "
+            f"(embeddings {embeds['first'][-1]:.2f}s), follow-up {second.sample.first_token_s:.2f}s "
+            f"(embeddings {embeds['followup'][-1]:.2f}s, continued: {second.headers.get('X-Session-Reused')})")
     a, b = workload.summarize(firsts), workload.summarize(seconds)
     return {"runs": plan.runs, "reused": reused, "first_first_token_s": a["first_token_s"],
-            "followup_first_token_s": b["first_token_s"], "first": a, "followup": b}
+            "followup_first_token_s": b["first_token_s"], "first": a, "followup": b,
+            "embeddings_s": {k: statistics.median(v) for k, v in embeds.items()}}
 
 
 def _concurrency(url: str, plan: Plan, say: Callable[[str], None], engine: str) -> list[dict]:

@@ -132,3 +132,13 @@ def chat_stream(url: str, messages: list[dict], tokens: int, timeout: float = 60
 def over_http(url: str, png: bytes, tokens: int, prompt: str = PROMPT, timeout: float = 600) -> Sample:
     """One answer about one image through the OpenAI-compatible streaming endpoint."""
     return chat_stream(url, [user_turn(png, prompt)], tokens, timeout).sample
+
+
+def metric(url: str, name: str) -> float:
+    """One unlabelled sample of the service's /metrics (0 when absent)."""
+    import requests
+
+    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
