@@ -47,6 +47,11 @@ The run exits 1 when any error-severity check fails unwaived, a waiver has expir
 checked at all. JUnit XML: one `<testsuite>` per host, one `<testcase>` per check id; FAIL and WARN are
 `<failure type="error|warning">`, n/a, blocked and waived are `<skipped>` with the reason.
 
+A real run on the standard staging fleet (containers c1, c2 and the TCG VM vm1, converged by `site.yml`), 34 s for
+the three hosts in parallel: [results/preflight-3-hosts.txt](../results/preflight-3-hosts.txt) (JSON twin beside it).
+It says NOT READY on purpose: the containers inherit the 20000 open-file hard cap of the machine that ran them, so
+their service cannot reach 65535 (SVC-NOFILE names PID 1's cap as the cause); the VM, with its own kernel, passes.
+
 ## Waivers
 
 `--ignore ID,..` waives failures of those checks on every host for one run. For a lasting decision, use a
