@@ -47,5 +47,4 @@ def start(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, pubkey
     proc, start_time = spawn(argv, console)
     if not start_time:
         raise StagingError(f"{rec.name}: systemd-nspawn exited at once; see {console}")
-    store.record("process", proc.pid, rec.name, start_time=start_time, argv=argv, log=str(console),
-                 out=str(console))
+    store.record("process", proc.pid, rec.name, start_time=start_time, argv=argv, log=str(console))

@@ -383,6 +383,7 @@ def power_cycle(name: str, host: str, *, hard: bool = False, exit_timeout: float
         waited = time.monotonic() - started
         resources.reap(int(proc.id))
         store.forget(proc)
+        # Where the process's own output went: "out" when it differs from the console log (qemu), else the log.
         out = Path(proc.extra.get("out") or proc.extra.get("log") or fleet_dir(name) / f"{host}.out")
         new, start_time = resources.spawn(proc.extra["argv"], out, append=True)
         if not start_time:
