@@ -2,7 +2,8 @@
 
 Concurrent requests share decode steps instead of queueing behind each other. Each step admits waiting
 jobs up to VLFLEET_MAX_BATCH, runs one scheduler step, and hands every job its new tokens. Follow-ups
-re-send the whole conversation; the scheduler's prefix cache re-uses the KV blocks of the part it has seen.
+re-send the whole conversation (or name their session); the scheduler's prefix cache re-uses the KV blocks of the
+part it has seen.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from service.engine import (
     Job,
     generation_config,
     pipeline_properties,
+    render_prompt,
     scheduler_config,
     warmup_conversation,
 )
@@ -34,22 +36,13 @@ class Active:
     """A job admitted to the pipeline, and what has been streamed of it so far."""
 
     job: Job
+    conversation: Conversation  # the whole conversation, earlier turns of its session included
     handle: Any  # openvino_genai.GenerationHandle
     started: float
     timings: Timings
     decoder: IncrementalDecoder
     tokens: int = 0
     pieces: list[str] = field(default_factory=list)
-
-
-def render_prompt(tokenizer, conv: Conversation) -> str:
-    """The whole conversation through the model's chat template, each image tagged where it was sent."""
-    messages, index = [], 0
-    for turn in conv.turns:
-        tags = "".join(f"<ov_genai_image_{index + i}>" for i in range(len(turn.images)))
-        index += len(turn.images)
-        messages.append({"role": turn.role, "content": tags + turn.text})
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
 class BatchingEngine(Engine):
@@ -101,13 +94,13 @@ class BatchingEngine(Engine):
 
         cfg = generation_config(job.sampling)
         cfg.apply_chat_template = False  # rendered below, images tagged in their turns
-        images = [ov.Tensor(img.pixels) for img in job.conversation.images]
         started = time.monotonic()
-        prompt = render_prompt(self.tokenizer, job.conversation)
-        handle = self.pipeline.add_request(next(self._ids), prompt, images, cfg)
-        job.put("started", {"reused_session": False, "images": len(images), "cache": "miss"})
-        timings = Timings(queued_s=started - job.enqueued_at)
-        return Active(job, handle, started, timings, IncrementalDecoder(self.tokenizer))
+        conv, reused = self._sessions.resolve(job.conversation)
+        images = [ov.Tensor(img.pixels) for img in conv.images]
+        handle = self.pipeline.add_request(next(self._ids), render_prompt(self.tokenizer, conv), images, cfg)
+        job.put("started", {"reused_session": reused, "images": len(images), "cache": "miss"})
+        timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
+        return Active(job, conv, handle, started, timings, IncrementalDecoder(self.tokenizer))
 
     def _drain(self, active: list[Active]) -> list[Active]:
         """Stream new tokens of every active job; return those still running."""
@@ -147,4 +140,7 @@ class BatchingEngine(Engine):
             timings.image_encode_s = float(perf.get_prepare_embeddings_duration().mean) / 1000.0
         except Exception:  # metrics are best effort; the answer is what matters
             timings.prompt_tokens = 0
-        self._finish(a.job, a.pieces, timings)
+        key = None
+        if a.job.request_id != "warmup" and not a.job.cancelled.is_set():
+            key = self._sessions.remember(a.conversation, "".join(a.pieces))
+        self._finish(a.job, a.pieces, timings, key)

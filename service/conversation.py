@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 
 from service.images import PreparedImage
 
 ROLES = ("system", "user", "assistant")
+
+# The runtime's image/video placeholders: the engine tags images itself, so a text may not carry one.
+_RESERVED_TAG = re.compile(r"<ov_genai_(?:image|video)_\d+>")
+
+
+def reserved_tag(text: str) -> str | None:
+    """The first runtime placeholder in ``text``, if any."""
+    found = _RESERVED_TAG.search(text)
+    return found.group(0) if found else None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from service.answer_cache import AnswerCache, CachedAnswer, cache_key
 from service.conversation import Conversation, Sampling, Timings, Turn
 from service.detokenize import token_streamer
 from service.errors import APIError, Overloaded
-from service.sessions import Session, SessionStore
+from service.sessions import SessionStore
 
 log = logging.getLogger("vlfleet.engine")
 
@@ -104,6 +104,7 @@ class Engine:
         self.model_id = model_id or str(settings.model_dir)
         self.memory = memory  # MemoryGuard or None
         self.answers = AnswerCache(int(settings.answer_cache_mb * 2**20), settings.answer_cache_entries)
+        self._sessions = SessionStore(capacity=64)  # touched by the inference thread only
         self._trim_sessions = threading.Event()
         self._factory = pipeline_factory or (lambda: self._load())
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_size)
@@ -202,6 +203,9 @@ class Engine:
                 return None
             if self.metrics:
                 self.metrics.queue_depth.set(self._queue.qsize())
+            if self._trim_sessions.is_set():
+                self._trim_sessions.clear()
+                self._sessions.clear()
             if job._transition(QUEUED, RUNNING):
                 return job
 
@@ -235,11 +239,7 @@ def warmup_conversation() -> Conversation:
 
 
 class SerialEngine(Engine):
-    """One VLMPipeline, one request at a time; follow-ups continue cached chat histories (no image re-encode)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._sessions = SessionStore(capacity=64)
+    """One VLMPipeline, one request at a time; follow-ups re-use the prefix cache's KV blocks of earlier turns."""
 
     def _load(self):
         return load_pipeline(self.settings)
@@ -247,9 +247,6 @@ class SerialEngine(Engine):
     def _serve(self) -> None:
         while True:
             job = self._next_job()
-            if self._trim_sessions.is_set():
-                self._trim_sessions.clear()
-                self._sessions.clear()
             self.running = job
             try:
                 self._generate(job)
@@ -264,13 +261,14 @@ class SerialEngine(Engine):
         self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"), remember=False)
 
     def _generate(self, job: Job, remember: bool = True) -> None:
+        import openvino as ov
         import openvino_genai as ov_genai
 
-        conv, started = job.conversation, time.monotonic()
-        timings = Timings(queued_s=started - job.enqueued_at)
-        session, images, asked = self._prepare(conv)
-        timings.reused_session = session.reused
-        job.put("started", {"reused_session": session.reused, "images": len(images), "cache": "miss"})
+        started = time.monotonic()
+        conv, reused = self._sessions.resolve(job.conversation)
+        timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
+        images = [ov.Tensor(img.pixels) for img in conv.images]
+        job.put("started", {"reused_session": reused, "images": len(images), "cache": "miss"})
         pieces: list[str] = []
 
         def streamer(text: str):
@@ -282,47 +280,33 @@ class SerialEngine(Engine):
 
         # Stop strings are matched by genai on text, so their answers keep genai's own (delayed) text streamer.
         stream = streamer if job.sampling.stop else token_streamer(self.tokenizer, streamer)
-        result = self.pipeline.generate(session.history, images=images,
-                                        generation_config=generation_config(job.sampling), streamer=stream)
+        cfg = generation_config(job.sampling)
+        cfg.apply_chat_template = False  # rendered here, images tagged in their turns
+        result = self.pipeline.generate(render_prompt(self.tokenizer, conv), images=images, generation_config=cfg,
+                                        streamer=stream)
         timings.total_s = time.monotonic() - started
         perf = result.perf_metrics
         timings.prompt_tokens = int(perf.get_num_input_tokens())
         timings.completion_tokens = int(perf.get_num_generated_tokens())
         timings.image_encode_s = float(perf.get_prepare_embeddings_duration().mean) / 1000.0
-        text = "".join(pieces)
         key = None
         if remember and not job.cancelled.is_set():
-            session.history.append({"role": "assistant", "content": text})
-            session.turns = (*session.turns, asked, Turn("assistant", text))
-            session.reused = True
-            key = session.key
-            self._sessions.put(session)
+            key = self._sessions.remember(conv, "".join(pieces))
         self._finish(job, pieces, timings, key)
 
-    def _prepare(self, conv: Conversation) -> tuple[Session, list, Turn]:
-        """Continue the session ``conv`` follows up on, or start one.
 
-        Returns the session, the images to send with this turn, and the turn as the session records it.
-        """
-        import openvino as ov
-        import openvino_genai as ov_genai
+def render_prompt(tokenizer, conv: Conversation) -> str:
+    """The whole conversation through the model's chat template, each image tagged in the turn it came with.
 
-        last = conv.turns[-1]
-        known = conv.session is not None or len(conv.turns) > 1
-        session = self._sessions.take(conv.session or conv.prefix_key()) if known else None
-        if session is not None:
-            session.history.append({"role": "user", "content": last.text})
-            if conv.session:  # the web UI re-sends an image the session already has
-                last = Turn("user", last.text)
-            images = list(last.images)
-        else:
-            history = ov_genai.ChatHistory()
-            for turn in conv.turns:
-                history.append({"role": turn.role, "content": turn.text})
-            session = Session(history, turns=conv.turns[:-1])
-            # A fresh history takes images for its last message only, so earlier turns' images ride along there.
-            images = conv.images
-        return session, [ov.Tensor(img.pixels) for img in images], last
+    The same conversation always renders the same prompt, and a follow-up's prompt starts with its earlier
+    turns' prompt, which is what lets the prefix cache find them.
+    """
+    messages, index = [], 0
+    for turn in conv.turns:
+        tags = "".join(f"<ov_genai_image_{index + i}>" for i in range(len(turn.images)))
+        index += len(turn.images)
+        messages.append({"role": turn.role, "content": tags + turn.text})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
 def generation_config(sampling: Sampling):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.conversation import ROLES, Conversation, Sampling, Turn
+from service.conversation import ROLES, Conversation, Sampling, Turn, reserved_tag
 from service.errors import APIError
 from service.images import PreparedImage
 
@@ -152,7 +152,7 @@ def _turns(messages: Any, max_images: int, load_image) -> tuple[Turn, ...]:
 
 def _content(content: Any, param: str, role: str, load_image, images_left: int) -> tuple[str, list[PreparedImage]]:
     if isinstance(content, str):
-        return content, []
+        return _text(content, param), []
     if not isinstance(content, list) or not content:
         raise _fail(f"{param} must be a string or a non-empty list of content parts", param, "invalid_type")
     texts: list[str] = []
@@ -163,7 +163,7 @@ def _content(content: Any, param: str, role: str, load_image, images_left: int) 
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise _fail(f"{where}.text must be a string", f"{where}.text", "invalid_type")
-            texts.append(part["text"])
+            texts.append(_text(part["text"], f"{where}.text"))
         elif kind == "image_url":
             if role != "user":
                 raise _fail(f"{where}: images are only allowed in user messages", where)
@@ -178,3 +178,11 @@ def _content(content: Any, param: str, role: str, load_image, images_left: int) 
         else:
             raise _fail(f"{where}.type must be 'text' or 'image_url', got {kind!r}", f"{where}.type")
     return "\n".join(texts), images
+
+
+def _text(text: str, param: str) -> str:
+    tag = reserved_tag(text)
+    if tag:
+        raise _fail(f"{param} contains {tag}, a placeholder reserved for the runtime; send images as image_url "
+                    "parts", param, "reserved_tag")
+    return text

@@ -86,7 +86,7 @@ FIELDS: tuple[Field, ...] = (
     Field("port", _int_range(1, 65535), 8000, "TCP port to listen on.", "an integer 1-65535"),
     Field("device", _choice("CPU"), "CPU", "OpenVINO device.", "CPU"),
     Field("engine", _choice("serial", "batching"), "serial",
-          "serial: one VLMPipeline, one request at a time, cached chat sessions for follow-ups. batching: a "
+          "serial: one VLMPipeline, one request at a time. batching: a "
           "ContinuousBatchingPipeline whose decode steps serve several requests at once.", "serial or batching"),
     Field("max_batch", _int_range(1, 256), 4, "Requests generating at once (batching engine).", "an integer 1-256"),
     Field("kv_cache_gb", _int_range(1, 1024), 2,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, g, request, send_from_directory
 
 from service import sse
-from service.conversation import Conversation, Sampling, Turn
+from service.conversation import Conversation, Sampling, Turn, reserved_tag
 from service.errors import APIError
 from service.images import prepare
 from service.streaming import JobStream, sse_body
@@ -28,6 +28,9 @@ def chat():
     question = (request.form.get("question") or "").strip()
     if not question:
         raise APIError("'question' is empty; type a question about the image", param="question", code="empty_prompt")
+    if reserved_tag(question):
+        raise APIError(f"'question' contains {reserved_tag(question)}, a placeholder reserved for the runtime; "
+                       "attach the image as the 'image' file instead", param="question", code="reserved_tag")
     session = request.form.get("session") or None
     upload = request.files.get("image")
     images = ()

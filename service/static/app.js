@@ -2,7 +2,7 @@
 "use strict";
 const $ = (id) => document.getElementById(id);
 let image = null;      // the File being discussed
-let session = null;    // server's key for the conversation so far (follow-ups skip the vision encoder)
+let session = null;    // server's key for the conversation so far (a follow-up sends only its question)
 
 function setImage(file) {
   if (!file || !file.type.startsWith("image/")) { showError("That file is not an image."); return; }
@@ -72,7 +72,7 @@ async function ask(question) {
         const t = data.timings;
         const rate = t.ms_per_token ? (1000 / t.ms_per_token).toFixed(1) : "–";
         $("stats").textContent = `first token ${(firstToken / 1000).toFixed(2)} s · ${rate} tokens/s · ` +
-          `${t.completion_tokens} tokens` + (t.reused_session ? " · follow-up reused the image" : "");
+          `${t.completion_tokens} tokens` + (t.reused_session ? " · continued the conversation" : "");
         $("stats").dataset.firstToken = (firstToken / 1000).toFixed(3);
         $("stats").dataset.tokens = String(t.completion_tokens);
       } else if (event === "error") throw new Error(data.message);

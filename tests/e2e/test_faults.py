@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from ops.staging.fleet import power_cycle
+from ops.staging.fleet import status as staging_status
 from tests.e2e.hostcmd import ssh as _ssh
 from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import site_vars
@@ -242,23 +243,28 @@ def test_host_down_in_the_middle_of_its_rollout_batch(inventory, hosts):
     start = _releases(inventory)
     assert all(ready for _release, ready in start.values()), start
     new = f"faults-{int(time.time())}"
+    fleet = _fleet_name(inventory)
     downed = threading.Event()
 
-    def power_off_victim() -> None:
-        time.sleep(2)  # its step is under way (describe, stage) when the host goes
-        _halt(hosts[victim], "poweroff")
-        downed.set()
+    class PowerOffWhileStaging(Fleet):
+        """The victim goes down after its step has described it and before staging runs: a real poweroff, then
+        waiting until its container or VM process is gone, so the step cannot race past it on a fast host."""
+
+        def agent(self, name, command, args, timeout=None, lock=None):
+            if name == victim and command == "stage" and not downed.is_set():
+                _halt(hosts[victim], "poweroff")
+                _poll(lambda: not staging_status(fleet)["hosts"][victim]["running"], 180, f"{victim} to power off")
+                downed.set()
+            return super().agent(name, command, args, timeout=timeout, lock=lock)
 
     lines: list[str] = []
 
     def echo(line: str) -> None:
         print(line)
         lines.append(line)
-        if "batch 2/" in line and line.endswith(f": {victim}"):
-            threading.Thread(target=power_off_victim, daemon=True).start()
 
-    with Fleet(load_inventory(inventory), timeouts=Timeouts(drain=30, ready=READY_TIMEOUT, command=120),
-               echo=echo) as f:
+    with PowerOffWhileStaging(load_inventory(inventory), timeouts=Timeouts(drain=30, ready=READY_TIMEOUT,
+                                                                         command=120), echo=echo) as f:
         report = ops_fleet.rollout(f, Release(new), batch="1", max_fail=0)
     print("\n" + report.table())
     by_host = {r.host: r for r in report.results}

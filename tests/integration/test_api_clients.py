@@ -9,7 +9,7 @@ import pytest
 from openai import OpenAI
 
 from tests import servers
-from tests.integration.conftest import image_message
+from tests.integration.conftest import image_message, png_bytes
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,33 @@ def test_follow_up_continues_the_cached_conversation(client):
                   {"role": "user", "content": "Really?"}])
     assert unknown.headers["X-Session-Reused"] == "0"
     assert unknown.parse().choices[0].message.content is not None
+
+
+def _ui_chat(service, *fields: str) -> dict:
+    """POST /chat as the web UI does (multipart, through curl); returns the answer and the done event."""
+    form = [arg for field in fields for arg in ("-F", field)]
+    out = subprocess.run(["curl", "-sS", "-N", "--max-time", "60", *form, service.url + "/chat"],
+                         capture_output=True, text=True, timeout=90, check=True).stdout
+    events = [(block.split("\n", 1)[0].removeprefix("event: "), json.loads(block.split("data: ", 1)[1]))
+              for block in out.strip().split("\n\n") if "data: " in block]
+    done = next(data for kind, data in events if kind == "done")
+    status = next(data for kind, data in events if kind == "status")
+    return {"text": "".join(data["text"] for kind, data in events if kind == "token"), "status": status, **done}
+
+
+def test_web_ui_follow_up_answers_as_the_whole_conversation_would(client, service, tmp_path):
+    """A follow-up naming its session (question only) renders the same prompt as the whole conversation
+    re-sent through the OpenAI API: the same greedy answer."""
+    image = tmp_path / "picture.png"
+    image.write_bytes(png_bytes((160, 120), (30, 90, 200)))
+    first = _ui_chat(service, f"image=@{image}", "question=What is in this picture?", "max_tokens=6")
+    follow = _ui_chat(service, f"session={first['session']}", "question=Which colour dominates?", "max_tokens=6")
+    assert follow["status"]["reused_session"] is True
+    whole = client.chat.completions.create(model="qwen3-vl-2b-instruct", max_tokens=6, messages=[
+        image_message("What is in this picture?", image.read_bytes()),
+        {"role": "assistant", "content": first["text"]},
+        {"role": "user", "content": "Which colour dominates?"}])
+    assert follow["text"] == whole.choices[0].message.content
 
 
 def test_curl_streams_sse_until_done(service, tmp_path):

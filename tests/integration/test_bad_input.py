@@ -67,6 +67,8 @@ CASES = {
                       .encode(), 400, "invalid_value"),
     "empty prompt": (lambda: json.dumps({"messages": [{"role": "user", "content": "   "}]}).encode(), 400,
                      "empty_prompt"),
+    "runtime image tag in text": (lambda: json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is <ov_genai_image_3>?"}]}]}).encode(), 400, "reserved_tag"),
     "bad temperature": (lambda: json.dumps({"messages": [image_message()], "temperature": 9}).encode(), 400,
                         "invalid_value"),
     "max_tokens zero": (lambda: json.dumps({"messages": [image_message()], "max_tokens": 0}).encode(), 400,

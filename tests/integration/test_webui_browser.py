@@ -47,7 +47,7 @@ def test_upload_ask_stream_and_follow_up(browser, service, tmp_path):
     page.wait_for_selector("#stats[data-first-token]", timeout=60000)
     entries = page.locator("#log li")
     assert entries.count() == 4  # two questions, two answers
-    assert "follow-up reused the image" in page.inner_text("#stats")
+    assert "continued the conversation" in page.inner_text("#stats")
     assert not page.is_visible("#error")
     page.screenshot(path=str(tmp_path / "webui.png"))
     page.close()
