@@ -65,7 +65,10 @@ def document(version: str) -> dict:
         "openapi": "3.1.0",
         "info": {"title": "vlfleet inference service", "version": version,
                  "description": "Qwen3-VL on OpenVINO GenAI: OpenAI-compatible chat completions with images, "
-                                "streamed over Server-Sent Events."},
+                                "streamed over Server-Sent Events. For a follow-up, re-send the whole conversation "
+                                "(or, on /chat, name the session): the server's prefix cache re-uses the turns it has "
+                                "seen, so the follow-up's first token costs the image's vision pass and the new "
+                                "tokens only; the response header X-Session-Reused is 1 when it did."},
         "paths": {
             "/v1/chat/completions": {"post": {
                 "summary": "Chat completion with text and images (stream: true gives SSE chat.completion.chunk events)",
@@ -81,7 +84,9 @@ def document(version: str) -> dict:
                 "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
                     "type": "object", "required": ["question"], "properties": {
                         "image": {"type": "string", "format": "binary"}, "question": {"type": "string"},
-                        "session": {"type": "string"}, "max_tokens": {"type": "integer", "minimum": 1}}}}}},
+                        "session": {"type": "string", "description": "the session of the previous done event: "
+                                    "continue that conversation (its image need not be sent again)"},
+                        "max_tokens": {"type": "integer", "minimum": 1}}}}}},
                 "responses": {"200": {"description": "SSE stream",
                                       "content": {"text/event-stream": {"schema": {"type": "string"}}}},
                               **_errors(400, 401, 413, 415, 429, 503)}}},
