@@ -97,7 +97,8 @@ FIELDS: tuple[Field, ...] = (
     Field("precision", _choice("auto", "bf16", "f32"), "auto",
           "Compute precision (INFERENCE_PRECISION_HINT). auto = the plugin's choice: bf16 where the CPU has it (AMX, "
           "AVX512-BF16), the fastest first token. f32 decodes int4 weights about 25% faster per token on such CPUs but "
-          "encodes images and prompts about 45% slower (measured: results/bench.md, levers).", "auto, bf16 or f32"),
+          "encodes images and prompts about 45% slower (measured: results/run2-per-token-streaming/bench.md, "
+          "levers).", "auto, bf16 or f32"),
     Field("http_threads", _int_range(2, 256), 16,
           "gunicorn threads in the one worker process (each open SSE stream holds one).", "an integer 2-256"),
     Field("queue_size", _int_range(1, 1024), 8,

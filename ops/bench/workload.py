@@ -53,19 +53,24 @@ def summarize(samples: list[Sample]) -> dict:
 
 
 def in_process(pipe, png: bytes, tokens: int, prompt: str = PROMPT) -> Sample:
-    """One answer from a VLMPipeline in this process, streamed as the service streams (service.detokenize) and
-    timed at the first piece of text, as a client of the service times it."""
+    """One answer from a VLMPipeline in this process, prompted (service.engine.render_prompt) and streamed
+    (service.detokenize) as the service does, and timed at the first piece of text, as a client of the service
+    times it."""
     import openvino as ov
     import openvino_genai as ov_genai
 
+    from service.conversation import Conversation, Turn
     from service.detokenize import token_streamer
+    from service.engine import render_prompt
+    from service.images import PreparedImage
 
     pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)[None]
+    image = PreparedImage(pixels, "bench", (pixels.shape[2], pixels.shape[1]))
     cfg = ov_genai.GenerationConfig()
     cfg.max_new_tokens = cfg.min_new_tokens = tokens
     cfg.ignore_eos = True
-    history = ov_genai.ChatHistory()
-    history.append({"role": "user", "content": prompt})
+    cfg.apply_chat_template = False
+    text = render_prompt(pipe.get_tokenizer(), Conversation((Turn("user", prompt, (image,)),)))
     first: list[float] = []
 
     def on_text(_text: str):
@@ -74,7 +79,7 @@ def in_process(pipe, png: bytes, tokens: int, prompt: str = PROMPT) -> Sample:
         return ov_genai.StreamingStatus.RUNNING
 
     started = time.perf_counter()
-    result = pipe.generate(history, images=[ov.Tensor(pixels)], generation_config=cfg,
+    result = pipe.generate(text, images=[ov.Tensor(pixels)], generation_config=cfg,
                            streamer=token_streamer(pipe.get_tokenizer(), on_text))
     ended = time.perf_counter()
     return Sample(first[0] - started, ended - started, int(result.perf_metrics.get_num_generated_tokens()))
