@@ -140,7 +140,5 @@ class BatchingEngine(Engine):
             timings.image_encode_s = float(perf.get_prepare_embeddings_duration().mean) / 1000.0
         except Exception:  # metrics are best effort; the answer is what matters
             timings.prompt_tokens = 0
-        key = None
-        if a.job.request_id != "warmup" and not a.job.cancelled.is_set():
-            key = self._sessions.remember(a.conversation, "".join(a.pieces))
+        key = None if a.job.cancelled.is_set() else self._sessions.remember(a.conversation, "".join(a.pieces))
         self._finish(a.job, a.pieces, timings, key)

@@ -161,6 +161,7 @@ class Engine:
             self.pipeline = self._factory()
             if self.settings.warmup:
                 self._warmup()
+                self._sessions.clear()  # the warm-up is nobody's conversation
                 self._release_mapped_weights()
             self.load_seconds = time.monotonic() - started
             log.info("model ready", extra={"load_seconds": round(self.load_seconds, 2)})
@@ -258,9 +259,9 @@ class SerialEngine(Engine):
                 job._transition(RUNNING, FINISHED)
 
     def _warmup(self) -> None:
-        self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"), remember=False)
+        self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))
 
-    def _generate(self, job: Job, remember: bool = True) -> None:
+    def _generate(self, job: Job) -> None:
         import openvino as ov
         import openvino_genai as ov_genai
 
@@ -289,9 +290,7 @@ class SerialEngine(Engine):
         timings.prompt_tokens = int(perf.get_num_input_tokens())
         timings.completion_tokens = int(perf.get_num_generated_tokens())
         timings.image_encode_s = float(perf.get_prepare_embeddings_duration().mean) / 1000.0
-        key = None
-        if remember and not job.cancelled.is_set():
-            key = self._sessions.remember(conv, "".join(pieces))
+        key = None if job.cancelled.is_set() else self._sessions.remember(conv, "".join(pieces))
         self._finish(job, pieces, timings, key)
 
 

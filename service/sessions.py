@@ -23,9 +23,6 @@ class SessionStore:
         self.capacity = capacity
         self._by_key: OrderedDict[str, tuple[Turn, ...]] = OrderedDict()
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._by_key
-
     def resolve(self, conv: Conversation) -> tuple[Conversation, bool]:
         """The whole conversation ``conv`` continues, and whether it continues one answered here.
 
