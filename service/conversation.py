@@ -46,6 +46,7 @@ class Sampling:
 class Conversation:
     turns: tuple[Turn, ...]
     session: str | None = None  # explicit session id (web UI); None = derive from content
+    by_session: bool = False  # the client continues by session id (web UI), so the server keeps its turns
 
     def __post_init__(self) -> None:
         if not self.turns or self.turns[-1].role != "user":

@@ -21,7 +21,8 @@ from service.conversation import Conversation, Turn, content_key
 class SessionStore:
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._by_key: OrderedDict[str, tuple[Turn, ...]] = OrderedDict()
+        # Turns only for clients that continue by session id; the stateless API re-sends them, so only its key.
+        self._by_key: OrderedDict[str, tuple[Turn, ...] | None] = OrderedDict()
 
     def resolve(self, conv: Conversation) -> tuple[Conversation, bool]:
         """The whole conversation ``conv`` continues, and whether it continues one answered here.
@@ -32,18 +33,18 @@ class SessionStore:
             return conv, len(conv.turns) > 1 and conv.prefix_key() in self._by_key
         earlier = self._by_key.get(conv.session)
         if earlier is None:
-            return Conversation(conv.turns), False
+            return Conversation(conv.turns, by_session=True), False
         self._by_key.move_to_end(conv.session)
         last = conv.turns[-1]
         if any(turn.images for turn in earlier):  # the web UI re-sends the image the session already has
             last = Turn(last.role, last.text)
-        return Conversation((*earlier, last)), True
+        return Conversation((*earlier, last), by_session=True), True
 
     def remember(self, conv: Conversation, answer: str) -> str:
         """Store ``conv`` with its answer; returns the session id a follow-up names."""
         turns = (*conv.turns, Turn("assistant", answer))
         key = content_key(turns)
-        self._by_key[key] = turns
+        self._by_key[key] = turns if conv.by_session else None
         self._by_key.move_to_end(key)
         while len(self._by_key) > self.capacity:
             self._by_key.popitem(last=False)

@@ -43,7 +43,7 @@ def chat():
     if not raw_max.isdigit() or int(raw_max) < 1:
         raise APIError("'max_tokens' must be a positive integer", param="max_tokens")
     sampling = Sampling(max_tokens=min(int(raw_max), settings.max_tokens))
-    conversation = Conversation((Turn("user", question, images),), session=session)
+    conversation = Conversation((Turn("user", question, images),), session=session, by_session=True)
     stream = JobStream(state.engine.submit(conversation, sampling, g.request_id), settings.queue_timeout,
                        state.metrics, started_at=g.started_at)
     headers = stream.wait_started()
