@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.budget import pytest_runtest_logreport, pytest_runtest_setup, pytest_sessionfinish  # noqa: F401 (hooks)
 from tests.prereq import require, require_tools
 
 E2E_FLEET = os.environ.get("VLFLEET_E2E_FLEET", "e2e")
@@ -64,19 +65,30 @@ def staging_inventory(staging_fleet) -> Path:
     return staging_fleet.inventory_path
 
 
-# --- time budget ----------------------------------------------------------------------------------------------
-# Whatever has not started when the e2e budget is spent is reported as not run (xfail with the reason), so a slow
-# machine keeps CI inside its time limit instead of losing the whole run.
-BUDGET_S = float(os.environ.get("VLFLEET_E2E_BUDGET_S", "2700"))
-_started: list[float] = []
+# --- one converge for every module (tests/e2e/site_vars.py) ---------------------------------------------------
+@pytest.fixture(scope="session")
+def converged_inventory(staging_fleet, tiny_model: Path) -> Path:
+    """The standard e2e fleet, converged with site.yml (once per session)."""
+    from tests.e2e.site_vars import converge
+
+    inventory = Path(staging_fleet.inventory_path)
+    converge(inventory, tiny_model)
+    return inventory
 
 
-def pytest_runtest_setup(item):
-    import time
+# --- order (the time budget's hooks come from tests/budget.py) -------------------------------------------------
+# The staging checks first (they need no converge), then site.yml's own module (the converge every later module
+# shares), then the rest in file order; tests on the no-AVX2 fleet last, so that its idle TCG VM, which takes CPU
+# from everything else on a 2-core machine, is up only at the end.
+FIRST = ("test_staging.py", "test_site.py")
 
-    if "tests/e2e/" not in item.nodeid:
-        return
-    if not _started:
-        _started.append(time.monotonic())
-    if time.monotonic() - _started[0] > BUDGET_S:
-        pytest.xfail(f"not run: the e2e time budget of {BUDGET_S:.0f} s (VLFLEET_E2E_BUDGET_S) was spent")
+
+def pytest_collection_modifyitems(items):
+    slots = [i for i, item in enumerate(items) if "tests/e2e/" in item.nodeid]
+    for i, item in zip(slots, sorted((items[i] for i in slots), key=_rank), strict=True):
+        items[i] = item
+
+
+def _rank(item) -> tuple[bool, int]:
+    module = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    return "noavx2_fleet" in item.fixturenames, FIRST.index(module) if module in FIRST else len(FIRST)

@@ -1,8 +1,14 @@
-"""The extra variables every e2e converge of a staging fleet passes to site.yml."""
+"""site.yml on e2e staging fleets: the extra variables every converge passes, and the one converge per inventory
+that the modules needing a serving fleet share (site.yml on a TCG VM costs minutes even when nothing changes; each
+module puts back what it breaks)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+CONVERGE_TIMEOUT = 1800  # bounded so a stuck VM cannot eat CI's 90 minutes
+_converges: dict[Path, object] = {}
 
 
 def site_vars(artifact: Path, python: str = "3.11", ready_timeout: int = 900) -> dict:
@@ -13,3 +19,18 @@ def site_vars(artifact: Path, python: str = "3.11", ready_timeout: int = 900) ->
     return {"vlfleet_artifact_dir": str(artifact),
             "vlfleet_wheelhouse_dir": str(assemble(Target(python, DEFAULT_PLATFORM), quiet=True)),
             "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": ready_timeout}
+
+
+def converge(inventory: Path, artifact: Path, echo=print):
+    """site.yml on ``inventory``, once per session: its RunResult (None under VLFLEET_E2E_CONVERGED=1, the dev loop
+    on a kept fleet that is already converged)."""
+    from ops.playbook import host_python_versions, run_playbook
+
+    if os.environ.get("VLFLEET_E2E_CONVERGED") == "1":
+        return None
+    if inventory not in _converges:
+        python = min(host_python_versions(inventory).values())  # the wheelhouse for the hosts' Python
+        run = run_playbook(inventory, "site.yml", site_vars(artifact, python), timeout=CONVERGE_TIMEOUT, echo=echo)
+        assert run.ok, f"site.yml failed, no serving fleet to test:\n{run.summary()}"
+        _converges[inventory] = run
+    return _converges[inventory]

@@ -18,7 +18,6 @@ import http.client
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import threading
@@ -31,12 +30,12 @@ from ops.staging.fleet import power_cycle
 from ops.staging.fleet import status as staging_status
 from tests.e2e.hostcmd import ssh as _ssh
 from tests.e2e.hostcmd import sudo as _sudo
-from tests.e2e.site_vars import site_vars
+from tests.e2e.site_vars import converge
+from tests.e2e.waivers import staging_waivers
 from tests.prereq import require_tools
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
-CONVERGE_TIMEOUT = 1800  # bounded so a stuck VM cannot eat CI's 90 minutes
 KILL_BOUND_S = 180  # generous: model load on a busy 2-core controller; the measured time is printed
 READY_TIMEOUT = 900  # a TCG VM loading the model after a cold boot
 BIN = Path(sys.executable).parent
@@ -104,18 +103,15 @@ def _record(name: str, data: dict) -> None:
 
 @pytest.fixture(scope="module")
 def inventory(request, tiny_model: Path) -> Path:
-    """The e2e fleet converged with site.yml (idempotent: quick when another module already converged it).
+    """The e2e fleet, converged by the session's shared site.yml run.
 
     VLFLEET_FAULTS_INVENTORY=PATH runs these against another staging fleet (made by `vlfleet staging.up`).
     """
-    from ops.playbook import run_playbook
-
     given = os.environ.get("VLFLEET_FAULTS_INVENTORY")
-    inv = Path(given) if given else Path(request.getfixturevalue("staging_fleet").inventory_path)
-    extra = site_vars(tiny_model, ready_timeout=READY_TIMEOUT)
-    run = run_playbook(inv, "site.yml", extra, timeout=CONVERGE_TIMEOUT, echo=None)
-    assert run.ok, f"site.yml failed, no fleet to break:\n{run.summary()}"
-    return inv
+    if not given:
+        return request.getfixturevalue("converged_inventory")
+    converge(Path(given), tiny_model)
+    return Path(given)
 
 
 @pytest.fixture(scope="module")
@@ -140,24 +136,12 @@ def _fleet_name(inventory: Path) -> str:
     return yaml.safe_load(inventory.read_text())["all"]["vars"]["vlfleet_staging_fleet"]
 
 
-def _waivers(path: Path) -> Path:
-    """What staging cannot provide, waived with the reason (as tests/e2e/test_preflight.py does)."""
-    import datetime as dt
-
-    expires = (dt.date.today() + dt.timedelta(days=30)).isoformat()
-    entries = [f"- {{id: CLOCK-SYNC, hosts: [vm1], expires: {expires}, reason: staging VMs reach no NTP server}}",
-               f"- {{id: CPU-AVX512, hosts: [vm1], expires: {expires}, reason: 'qemu TCG -cpu max has no AVX-512'}}"]
-    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 65535:
-        entries.append(f"- {{id: SVC-NOFILE, hosts: [c1, c2], expires: {expires}, reason: 'staging controller "
-                       f"caps open files for containers'}}")
-    path.write_text("\n".join(entries) + "\n")
-    return path
-
-
 def _checklist(inventory: Path, host: str, tmp: Path):
     from ops.preflight.runner import Options, run_host
+    from ops.staging.inventory import hosts_of
 
-    return run_host(host, inventory, Options(waivers=str(_waivers(tmp / "waivers.yml"))), tmp)
+    waivers = staging_waivers(hosts_of(inventory), tmp / "waivers.yml")
+    return run_host(host, inventory, Options(waivers=str(waivers)), tmp)
 
 
 def _halt(host: dict, verb: str) -> None:
@@ -380,6 +364,12 @@ def test_flipped_byte_in_model_file_service_refuses_to_start(inventory, hosts, c
     c2 = hosts["c2"]
     broken = corrupt_c2("flip")
     assert _wait_refusal_or_ready(c2, broken["since"]) == "refused"
+    rel = Path(broken["file"]).relative_to(broken["dir"]).as_posix()
+    journal = _journal_since(c2, broken["since"])
+    # Same size, so the size check passes: the hash gate must be the one that refuses, naming the file.
+    assert f"model artifact check 'file-hashes' failed for {broken['dir']}" in journal, journal[-2000:]
+    assert f"{rel}: sha256 differs from the manifest" in journal, journal[-2000:]
+    assert _readyz(c2["ansible_host"]) != 200
 
 
 # -- disk full during a convert --------------------------------------------------------------------------------

@@ -6,15 +6,13 @@ Broken on purpose (one fixture, restored afterwards: other e2e tests share the f
   c2: one byte of a model file changed (same size)  -> MODEL-ARTIFACT, naming the file
   vm1: swap off, LimitNOFILE=1024 via a drop-in     -> SWAP-ACTIVE, SVC-NOFILE; CPU-GOVERNOR n/a (no cpufreq on a VM)
 
-Dev loop: VLFLEET_KEEP_FLEET=1 keeps the fleet; then VLFLEET_E2E_CONVERGED=1 skips the site.yml converge.
+Dev loop: VLFLEET_KEEP_FLEET=1 keeps the fleet; then VLFLEET_E2E_CONVERGED=1 skips the session's site.yml converge.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -26,13 +24,12 @@ from ops.preflight import registry
 from ops.preflight.results import Report
 from tests.e2e.hostcmd import ssh as _ssh
 from tests.e2e.hostcmd import sudo as _sudo
-from tests.e2e.site_vars import site_vars
+from tests.e2e.waivers import staging_waivers, without_avx512
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
-CONVERGE_TIMEOUT = 1800  # bounded so a stuck VM cannot eat CI's 90 minutes
 RUN_TIMEOUT = 1200
 DROP_IN = "/etc/systemd/system/vlfleet.service.d/50-preflight-e2e-nofile.conf"
 BROKEN = {"c1": ["SVC-ACTIVE"], "c2": ["MODEL-ARTIFACT"], "vm1": ["SWAP-ACTIVE", "SVC-NOFILE"]}
@@ -61,34 +58,15 @@ def hosts(staging_fleet) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def inventory(staging_fleet, tiny_model: Path) -> Path:
-    """The e2e fleet converged with site.yml (idempotent: quick when test_site already converged it)."""
-    from ops.playbook import run_playbook
-
-    inv = Path(staging_fleet.inventory_path)
-    if os.environ.get("VLFLEET_E2E_CONVERGED") == "1":
-        return inv  # dev loop: the kept fleet is already converged (a TCG VM takes many minutes per site.yml run)
-    extra = site_vars(tiny_model)
-    run = run_playbook(inv, "site.yml", extra, timeout=CONVERGE_TIMEOUT, echo=None)
-    assert run.ok, f"site.yml failed, the checklist has nothing to check:\n{run.summary()}"
-    return inv
+def inventory(converged_inventory) -> Path:
+    """The e2e fleet, converged by the session's shared site.yml run."""
+    return converged_inventory
 
 
 @pytest.fixture(scope="module")
-def waivers_file(tmp_path_factory) -> Path:
-    """What staging cannot provide, waived with the reason (and an expiry, as every waiver must have)."""
-    expires = (dt.date.today() + dt.timedelta(days=30)).isoformat()
-    entries = [
-        f"- {{id: CLOCK-SYNC, hosts: [vm1], expires: {expires}, reason: staging VMs reach no NTP server}}",
-        f"- {{id: CPU-AVX512, hosts: [vm1], expires: {expires}, reason: 'qemu TCG -cpu max has no AVX-512'}}",
-    ]
-    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 65535:
-        # The controller's own hard limit caps nspawn containers' PID 1, so their services cannot get 65535.
-        entries.append(f"- {{id: SVC-NOFILE, hosts: [c1, c2], expires: {expires}, reason: 'staging controller "
-                       f"caps open files at {resource.getrlimit(resource.RLIMIT_NOFILE)[1]} for containers'}}")
-    path = tmp_path_factory.mktemp("preflight") / "waivers.yml"
-    path.write_text("\n".join(entries) + "\n")
-    return path
+def waivers_file(hosts, tmp_path_factory) -> Path:
+    """What staging cannot provide, waived with the reason (CPU-AVX512 only where the host's CPU lacks it)."""
+    return staging_waivers(hosts, tmp_path_factory.mktemp("preflight") / "waivers.yml")
 
 
 def _vlfleet_preflight(inventory: Path, waivers: Path, out: Path) -> tuple[subprocess.CompletedProcess, Report]:
@@ -108,7 +86,7 @@ def _expect(report: Report, broken: dict[str, list[str]]) -> None:
         assert report.failed_ids(host) == broken.get(host, []), f"{host}: {report.failed_ids(host)}"
 
 
-def test_healthy_fleet_is_ready(inventory, waivers_file, tmp_path):
+def test_healthy_fleet_is_ready(inventory, hosts, waivers_file, tmp_path):
     done, report = _vlfleet_preflight(inventory, waivers_file, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "READY: 3 host(s)" in done.stdout
@@ -118,6 +96,9 @@ def test_healthy_fleet_is_ready(inventory, waivers_file, tmp_path):
                   ("c2", "SWAP-ACTIVE"), ("c2", "CLOCK-SYNC"), ("vm1", "CPU-GOVERNOR")}
     assert {r.status for r in report.results} <= {"pass", "n/a", "waived"}
     assert all(report.get(h, c) for h in ("c1", "c2", "vm1") for c in registry.ids()), "a check is missing"
+    no_avx512 = set(without_avx512(hosts))
+    for host in ("c1", "c2", "vm1"):  # the check follows the CPU the host really has
+        assert report.get(host, "CPU-AVX512").status == ("waived" if host in no_avx512 else "pass"), host
     stream = report.get("vm1", "SVC-STREAM")
     assert stream.status == "pass" and "[DONE]" in stream.message
 

@@ -5,10 +5,8 @@ hosts, charts decoded). Set VLFLEET_REPORT_SCREENSHOT=PATH to keep the screensho
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.site_vars import site_vars
+from tests.e2e.waivers import staging_waivers
 from tests.prereq import require
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow, pytest.mark.browser]
@@ -28,15 +26,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 
 @pytest.fixture(scope="module")
-def inventory(staging_fleet, tiny_model: Path) -> Path:
-    """The e2e fleet converged with site.yml (idempotent: quick when another e2e test converged it already)."""
-    from ops.playbook import run_playbook
-
-    inv = Path(staging_fleet.inventory_path)
-    extra = site_vars(tiny_model)
-    run = run_playbook(inv, "site.yml", extra, timeout=1800, echo=None)
-    assert run.ok, f"site.yml failed, nothing to report on:\n{run.summary()}"
-    return inv
+def inventory(converged_inventory) -> Path:
+    """The e2e fleet, converged by the session's shared site.yml run."""
+    return converged_inventory
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +43,10 @@ def service_hosts(inventory) -> list[str]:
 
 @pytest.fixture(scope="module")
 def report_dir(inventory, tmp_path_factory) -> Path:
-    # What staging cannot provide, waived with the reason (as tests/e2e/test_preflight.py does).
-    expires = (dt.date.today() + dt.timedelta(days=30)).isoformat()
-    waivers = [f"- {{id: CLOCK-SYNC, hosts: [vm1], expires: {expires}, reason: staging VMs reach no NTP server}}",
-               f"- {{id: CPU-AVX512, hosts: [vm1], expires: {expires}, reason: 'qemu TCG -cpu max has no AVX-512'}}"]
-    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 65535:
-        from ops.staging.inventory import hosts_of
+    from ops.staging.inventory import hosts_of
 
-        containers = ", ".join(n for n, h in hosts_of(inventory).items()
-                               if "vlm" in h["groups"] and h.get("vlfleet_staging_kind") == "container")
-        waivers.append(f"- {{id: SVC-NOFILE, hosts: [{containers}], expires: {expires}, reason: 'staging controller "
-                       "caps open files for containers'}")
     out = tmp_path_factory.mktemp("report")
-    (out / "waivers.yml").write_text("\n".join(waivers) + "\n")
+    staging_waivers(hosts_of(inventory), out / "waivers.yml")
     done = subprocess.run([str(BIN / "vlfleet"), "report", "--inventory", str(inventory), "--out", str(out / "r"),
                            "--waivers", str(out / "waivers.yml"), "--probe-tokens", "16", "--probe-runs", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=2400, stdin=subprocess.DEVNULL)

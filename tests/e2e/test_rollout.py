@@ -23,6 +23,7 @@ import pytest
 from ops import fleet as ops_fleet
 from ops.fleet import Fleet, Release, Timeouts, load_inventory
 from ops.rollout import Outcome
+from tests.e2e.site_vars import converge
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -109,30 +110,14 @@ class Load:
                 "p95_first_token_s": round(ttfts[int(0.95 * (len(ttfts) - 1))], 3) if ttfts else None}
 
 
-def _site_vars(inventory: Path) -> dict:
-    from ops.model.cache import tiny_artifact
-    from ops.playbook import host_python_versions
-    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
-
-    python = sorted(set(host_python_versions(inventory).values()))[0]
-    return {"vlfleet_artifact_dir": str(tiny_artifact()),
-            "vlfleet_wheelhouse_dir": str(assemble(Target(python, DEFAULT_PLATFORM), quiet=True)),
-            "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": 600}
-
-
 @pytest.fixture(scope="module")
-def inventory(request) -> Path:
-    """A fleet whose vlm hosts all serve (converged with site.yml unless they already are)."""
+def inventory(request, tiny_model: Path) -> Path:
+    """A fleet whose vlm hosts all serve: the session's converged e2e fleet, or VLFLEET_ROLLOUT_INVENTORY's."""
     given = os.environ.get("VLFLEET_ROLLOUT_INVENTORY")
-    path = Path(given) if given else request.getfixturevalue("staging_fleet").inventory_path
-    with _fleet(path) as f:
-        rows = ops_fleet.status(f)
-    if not all(r.get("ready") for r in rows):
-        from ops.playbook import run_playbook
-
-        run = run_playbook(path, "site.yml", _site_vars(path), echo=None, timeout=2400)
-        assert run.ok, f"site.yml did not converge the fleet:\n{run.summary()}\n{run.output[-3000:]}"
-    return path
+    if not given:
+        return request.getfixturevalue("converged_inventory")
+    converge(Path(given), tiny_model)
+    return Path(given)
 
 
 def _fleet(path: Path) -> Fleet:

@@ -1,11 +1,12 @@
 """Security on the staging fleet: no planted secret leaks anywhere an operator or an attacker could read it, the
 artifact and the release are read-only to the service user, env files are 0640, the unit's exposure is <= 3.0.
 
-Planted secrets: a fake hub token in HF_TOKEN for a fetch and for the whole converge, and an API key that one host
-(the first service host) is made to require through the role (a second converge limited to it, with
-vlm_service_api_keys set). After requests without, with a wrong and with the right key, the test greps the fetch
-and Ansible output, the checklist's report, every host's journal, nginx's logs and process lists (hosts and
-controller) for both strings. A last limited converge without keys puts the host back (file removed, API open).
+Planted secrets: a fake hub token in HF_TOKEN for a fetch and for a converge, and an API key that one host (the
+first service host) is made to require through the role (that converge: limited to the host, with
+vlm_service_api_keys set, on the fleet the session's site.yml run converged). After requests without, with a wrong
+and with the right key, the test greps the fetch and Ansible output, the checklist's report, every host's journal,
+nginx's logs and process lists (hosts and controller) for both strings. A last limited converge without keys puts
+the host back (file removed, API open).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.hostcmd import sudo as _sudo
-from tests.e2e.site_vars import site_vars
+from tests.e2e.site_vars import converge, site_vars
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -69,7 +70,7 @@ def hosts(request) -> dict[str, dict]:
 def _inventory_path(request) -> Path:
     # VLFLEET_FAULTS_INVENTORY=PATH runs these against another staging fleet (as tests/e2e/test_faults.py does).
     given = os.environ.get("VLFLEET_FAULTS_INVENTORY")
-    return Path(given) if given else Path(request.getfixturevalue("staging_fleet").inventory_path)
+    return Path(given) if given else Path(request.getfixturevalue("converged_inventory"))
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,7 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
     from ops.preflight.runner import Options, run_host
 
     inventory = _inventory_path(request)
+    converge(inventory, tiny_model)  # the session's converge (a no-op here when it already ran)
     tmp = tmp_path_factory.mktemp("secrets")
     env = {**os.environ, "HF_TOKEN": HUB_TOKEN}
     # A fetch with the token in the environment (a local tarball: no network; the token must still stay quiet).
@@ -88,23 +90,20 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
     fetch = subprocess.run([str(BIN / "vlfleet"), "model.fetch", "--source", str(tarball), "--out", str(tmp / "ckpt")],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert fetch.returncode == 0, fetch.stdout + fetch.stderr
-    # The converge runs with the token in the controller's environment.
+    name = next(n for n, h in hosts.items() if "vlm" in h["groups"])
+    host = hosts[name]
+    lb = next(h for h in hosts.values() if "lb" in h["groups"])
     extra = site_vars(tiny_model)
     old = os.environ.get("HF_TOKEN")
-    os.environ["HF_TOKEN"] = HUB_TOKEN
+    os.environ["HF_TOKEN"] = HUB_TOKEN  # the converge runs with the token in the controller's environment
     try:
-        run = run_playbook(inventory, "site.yml", extra, timeout=1800, echo=None)
+        keyed = run_playbook(inventory, "site.yml", {**extra, "vlm_service_api_keys": [API_KEY]}, limit=name,
+                             timeout=1800, echo=None)
     finally:
         if old is None:
             os.environ.pop("HF_TOKEN", None)
         else:
             os.environ["HF_TOKEN"] = old
-    assert run.ok, run.summary()
-    name = next(n for n, h in hosts.items() if "vlm" in h["groups"])
-    host = hosts[name]
-    lb = next(h for h in hosts.values() if "lb" in h["groups"])
-    keyed = run_playbook(inventory, "site.yml", {**extra, "vlm_service_api_keys": [API_KEY]}, limit=name,
-                         timeout=1800, echo=None)
     try:
         assert keyed.ok, keyed.summary()
         _wait_ready(host["ansible_host"])
@@ -118,7 +117,7 @@ def planted(request, hosts, tiny_checkpoint: Path, tiny_model: Path, tmp_path_fa
             "through lb, wrong key": _request(lb["ansible_host"], 80, "GET", "/v1/models", API_KEY + "x"),
         }
         checklist = run_host(name, inventory, Options(), tmp)
-        seen = {"fetch output": fetch.stdout + fetch.stderr, "ansible output": run.output + keyed.output,
+        seen = {"fetch output": fetch.stdout + fetch.stderr, "ansible output": keyed.output,
                 "checklist report": (tmp / f"{name}.json").read_text() + (tmp / f"{name}.log").read_text(),
                 "controller process list": subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True,
                                                           timeout=30).stdout}

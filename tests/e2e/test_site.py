@@ -1,7 +1,8 @@
 """site.yml on the staging fleet (2 nspawn containers + 1 qemu VM in `vlm`, nginx container in `lb`).
 
-One converge, a second run and a --check run are shared by the module (they are the expensive part); each test
-then asserts one fact about the converged fleet, over real SSH and real HTTP.
+The session's converge (the first run, shared with every later e2e module), a second run and a --check run are
+shared by the module (they are the expensive part); each test then asserts one fact about the converged fleet, over
+real SSH and real HTTP.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import pytest
 
 from tests.e2e.hostcmd import ssh as _ssh
 from tests.e2e.hostcmd import sudo as _sudo
-from tests.e2e.site_vars import site_vars
+from tests.e2e.site_vars import CONVERGE_TIMEOUT, converge, site_vars
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
-CONVERGE_TIMEOUT = 1800  # bounded so a stuck VM cannot eat CI's 90 minutes
 # What the tests print and what the closing note quotes: per-role wall time of each run.
 PROFILE_FILE = "site-profile.json"
 
@@ -37,15 +37,14 @@ def hosts(staging_fleet) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def converged(staging_fleet, tiny_model: Path, tmp_path_factory):
-    """First run, second run and a --check run of site.yml, in that order."""
+def converged(converged_inventory, tiny_model: Path, tmp_path_factory):
+    """First run (the session's shared converge), second run and a --check run of site.yml, in that order."""
     from ops.playbook import run_playbook
 
-    inventory = Path(staging_fleet.inventory_path)
+    inventory = converged_inventory
     extra = site_vars(tiny_model)
-    first = run_playbook(inventory, "site.yml", extra, timeout=CONVERGE_TIMEOUT)
+    first = converge(inventory, tiny_model)
     _print_profile("first run", first)
-    assert first.ok, f"site.yml failed:\n{first.summary()}"
     second = run_playbook(inventory, "site.yml", extra, timeout=CONVERGE_TIMEOUT, echo=None)
     _print_profile("second run", second)
     check = run_playbook(inventory, "site.yml", extra, check=True, diff=True, timeout=CONVERGE_TIMEOUT, echo=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -98,11 +99,15 @@ def test_lb_reaches_every_vlm_host(staging_fleet):
     assert all(line.endswith("SSH-") for line in res.stdout.splitlines())
 
 
-def test_hosts_reach_no_registry(staging_fleet):
-    # Nothing beyond the fleet /24 is routed: a host cannot fetch packages behind the operator's back.
-    res = _sh(staging_fleet, "c1", "ip route get 1.1.1.1 >/dev/null && python3 -c "
-                                   "'import socket; socket.create_connection((\"1.1.1.1\",80),3)' && echo LEAK")
-    assert "LEAK" not in res.stdout
+@pytest.mark.parametrize("host", HOSTS)
+def test_hosts_reach_no_registry(staging_fleet, host):
+    # Nothing beyond the fleet /24 is routed: a host cannot fetch packages behind the operator's back. The probe
+    # must run (SSH and python3 answer: a failed SSH is no proof) and must see the connection fail.
+    probe = ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), 3)\n    print('LEAK')\n"
+             "except OSError as e:\n    print('BLOCKED', type(e).__name__, e.errno)")
+    res = _sh(staging_fleet, host, f"python3 -c {shlex.quote(probe)}")
+    assert res.returncode == 0, f"{host}: the probe did not run: {res.stderr}"
+    assert res.stdout.startswith("BLOCKED"), f"{host}: {res.stdout}"
 
 
 def test_inventory_works_for_ansible(staging_fleet):

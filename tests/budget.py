@@ -1,0 +1,62 @@
+"""The e2e time budget: a test that has not started when the budget is spent fails, naming the slowest tests.
+
+CI has 90 minutes in all. A run that would overrun fails early with a message that says where the time went,
+rather than being killed without one; a test that did not run is never reported as passed, skipped or xfailed.
+Also writes the per-test and per-module times of the run (`e2e-times.json` under the cache's reports/).
+
+Used as hooks by tests/e2e/conftest.py (imported there); ``VLFLEET_E2E_BUDGET_S`` sets the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+
+import pytest
+
+SCOPE = "tests/e2e/"
+_times: dict[str, float] = defaultdict(float)
+_started: list[float] = []
+
+
+def budget_s() -> float:
+    return float(os.environ.get("VLFLEET_E2E_BUDGET_S", "3600"))
+
+
+def slowest(n: int = 5) -> str:
+    top = sorted(_times.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{nodeid} {seconds:.0f} s" for nodeid, seconds in top) or "none finished"
+
+
+def pytest_runtest_setup(item):
+    if SCOPE not in item.nodeid:
+        return
+    if not _started:
+        _started.append(time.monotonic())
+    spent = time.monotonic() - _started[0]
+    if spent > budget_s():
+        pytest.fail(f"not run: the e2e time budget of {budget_s():.0f} s (VLFLEET_E2E_BUDGET_S) was spent after "
+                    f"{spent:.0f} s; slowest: {slowest()}", pytrace=False)
+
+
+def pytest_runtest_logreport(report):
+    if SCOPE in report.nodeid:
+        _times[report.nodeid] += report.duration
+
+
+def pytest_sessionfinish(session):
+    if not _times:
+        return
+    from ops.paths import cache_root
+
+    modules: dict[str, float] = defaultdict(float)
+    for nodeid, seconds in _times.items():
+        modules[nodeid.split("::")[0]] += seconds
+    out = cache_root() / "reports"
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"total_s": round(time.monotonic() - _started[0], 1) if _started else None,
+            "modules": {m: round(s, 1) for m, s in sorted(modules.items())},
+            "tests": {n: round(s, 1) for n, s in sorted(_times.items())}}
+    (out / "e2e-times.json").write_text(json.dumps(data, indent=1))
