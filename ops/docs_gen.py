@@ -2,7 +2,9 @@
 
 - docs/configuration.md: the service's VLFLEET_* settings (service/settings.py FIELDS) and every role's inputs
   (roles/*/meta/argument_specs.yml);
-- docs/api.md: the HTTP API (service/openapi.py document()).
+- docs/api.md: the HTTP API (service/openapi.py document());
+- results/ci-timing.md: the wall time of a CI-like run (results/ci-timing.json, written by the suite's own timing
+  hooks in tests/budget.py, and results/ci-run.json, written by .ci/run).
 
 `python -m ops.docs_gen` rewrites them; `python -m ops.docs_gen --check` exits 1 naming the stale files (the unit
 tests do the same comparison).
@@ -157,10 +159,39 @@ def api(version: str | None = None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def ci_timing(root: Path) -> str:
+    data = json.loads((root / "results" / "ci-timing.json").read_text())
+    run_file = root / "results" / "ci-run.json"
+    run = json.loads(run_file.read_text()) if run_file.is_file() else {}
+    machine = data["machine"]
+    suites: dict[str, float] = {}
+    for module, seconds in data["modules"].items():
+        suite = module.split("/")[1] if module.count("/") > 1 else module
+        suites[suite] = suites.get(suite, 0.0) + seconds
+    lines = [HEADER.format(source="results/ci-timing.json and results/ci-run.json"), "# CI timing", "",
+             f"One run of `bash .ci/run` from a fresh clone with an empty cache, on {machine['cpu']} "
+             f"({machine['cpus']} CPUs; ISA: {', '.join(machine['isa']) or 'none of note'}).", "",
+             "- `.ci/run` in all (apt, venv, model, staging images, tests): "
+             + (f"**{run['wall_s'] / 60:.1f} min** (exit {run['exit']})" if run else "not recorded"),
+             f"- `make test` session: {data['session_s'] / 60:.1f} min, {data['tests_run']} tests, "
+             f"exit status {data['exit_status']}",
+             f"- e2e, from its first test to the end: {data['e2e_s'] / 60:.1f} min", "",
+             "| suite | minutes |", "|---|---|"]
+    lines += [f"| {suite} | {seconds / 60:.1f} |" for suite, seconds in sorted(suites.items())]
+    lines += ["", "Per module (setup, call and teardown of its tests, fixtures included):", "",
+              "| module | seconds |", "|---|---|"]
+    lines += [f"| `{module}` | {seconds:.0f} |" for module, seconds in
+              sorted(data["modules"].items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines) + "\n"
+
+
 def targets(root: Path | None = None) -> dict[Path, Callable[[], str]]:
     """Each generated file -> the function that renders it."""
     root = root or repo_root()
-    return {root / "docs" / "configuration.md": lambda: configuration(root), root / "docs" / "api.md": api}
+    out = {root / "docs" / "configuration.md": lambda: configuration(root), root / "docs" / "api.md": api}
+    if (root / "results" / "ci-timing.json").is_file():
+        out[root / "results" / "ci-timing.md"] = lambda: ci_timing(root)
+    return out
 
 
 def stale(root: Path | None = None) -> list[Path]:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ops.machine import isa
+
 REPORT_VERSION = 1
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-             "amx_tile", "amx_int8", "amx_bf16")
 OUTLIER_RATIO = 1.25  # a host this much slower than the fleet median is called out as an outlier
 
 # One root shell run per host (one SSH round trip: a TCG VM pays seconds per process). argv: root.
@@ -135,7 +135,6 @@ def parse_facts(text: str) -> dict[str, Any]:
     s = _sections(text)
     mem = {k: int(v.split()[0]) * 1024 for k, v in
            (ln.split(":", 1) for ln in s.get("meminfo", "").splitlines() if ":" in ln)}
-    flags = set(s.get("flags", "").split())
     env = dict(ln.split("=", 1) for ln in s.get("env", "").splitlines() if "=" in ln and not ln.startswith("#"))
     try:
         plan = json.loads(s.get("plan") or "null")
@@ -145,7 +144,7 @@ def parse_facts(text: str) -> dict[str, Any]:
     nproc = s.get("nproc", "").strip()
     return {
         "cpu_model": s.get("model", "").strip() or None,
-        "isa": [f for f in ISA_FLAGS if f in flags],
+        "isa": isa(s.get("flags", "")),
         "cpus": int(nproc) if nproc.isdigit() else None,
         "pinned_cpus": list(plan["cpus"]) if plan and "cpus" in plan else None,
         "threads": plan.get("threads") if plan else None,

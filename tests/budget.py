@@ -2,9 +2,10 @@
 
 CI has 90 minutes in all. A run that would overrun fails early with a message that says where the time went,
 rather than being killed without one; a test that did not run is never reported as passed, skipped or xfailed.
-Also writes the per-test and per-module times of the run (`e2e-times.json` under the cache's reports/).
+Also writes the times of the run, per test, per module and in all (`test-times.json` under the cache's reports/;
+results/ci-timing.json is a copy of one CI-like run, rendered into results/ci-timing.md by `python -m ops.docs_gen`).
 
-Used as hooks by tests/e2e/conftest.py (imported there); ``VLFLEET_E2E_BUDGET_S`` sets the budget.
+Used as hooks by tests/conftest.py (imported there); ``VLFLEET_E2E_BUDGET_S`` sets the budget.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 
 SCOPE = "tests/e2e/"
 _times: dict[str, float] = defaultdict(float)
-_started: list[float] = []
+_started: list[float] = []  # when the first e2e test started
+_session: list[float] = []  # when the session started
 
 
 def budget_s() -> float:
@@ -26,7 +28,7 @@ def budget_s() -> float:
 
 
 def slowest(n: int = 5) -> str:
-    top = sorted(_times.items(), key=lambda kv: -kv[1])[:n]
+    top = sorted(((k, v) for k, v in _times.items() if SCOPE in k), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{nodeid} {seconds:.0f} s" for nodeid, seconds in top) or "none finished"
 
 
@@ -41,14 +43,18 @@ def pytest_runtest_setup(item):
                     f"{spent:.0f} s; slowest: {slowest()}", pytrace=False)
 
 
+def pytest_sessionstart(session):
+    _session.append(time.monotonic())
+
+
 def pytest_runtest_logreport(report):
-    if SCOPE in report.nodeid:
-        _times[report.nodeid] += report.duration
+    _times[report.nodeid] += report.duration
 
 
-def pytest_sessionfinish(session):
+def pytest_sessionfinish(session, exitstatus):
     if not _times:
         return
+    from ops.machine import describe
     from ops.paths import cache_root
 
     modules: dict[str, float] = defaultdict(float)
@@ -56,7 +62,9 @@ def pytest_sessionfinish(session):
         modules[nodeid.split("::")[0]] += seconds
     out = cache_root() / "reports"
     out.mkdir(parents=True, exist_ok=True)
-    data = {"total_s": round(time.monotonic() - _started[0], 1) if _started else None,
+    data = {"machine": describe(), "exit_status": int(exitstatus), "tests_run": len(_times),
+            "session_s": round(time.monotonic() - _session[0], 1) if _session else None,
+            "e2e_s": round(time.monotonic() - _started[0], 1) if _started else None,
             "modules": {m: round(s, 1) for m, s in sorted(modules.items())},
             "tests": {n: round(s, 1) for n, s in sorted(_times.items())}}
-    (out / "e2e-times.json").write_text(json.dumps(data, indent=1))
+    (out / "test-times.json").write_text(json.dumps(data, indent=1))

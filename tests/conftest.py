@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny synthetic model artifact, and the skip-means-fail switch for CI."""
+"""Shared fixtures: the tiny synthetic model artifact; the skip-means-fail switch for CI; the e2e time budget."""
 
 from __future__ import annotations
 
@@ -6,6 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.budget import (  # noqa: F401 (hooks: the e2e time budget, the run's times)
+    pytest_runtest_logreport,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+)
 from tests.prereq import REQUIRE_ALL
 
 

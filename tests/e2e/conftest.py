@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.budget import pytest_runtest_logreport, pytest_runtest_setup, pytest_sessionfinish  # noqa: F401 (hooks)
 from tests.prereq import require, require_tools
 
 E2E_FLEET = os.environ.get("VLFLEET_E2E_FLEET", "e2e")
@@ -76,7 +75,7 @@ def converged_inventory(staging_fleet, tiny_model: Path) -> Path:
     return inventory
 
 
-# --- order (the time budget's hooks come from tests/budget.py) -------------------------------------------------
+# --- order (the time budget is in tests/budget.py) -------------------------------------------------------------
 # The staging checks first (they need no converge), then site.yml's own module (the converge every later module
 # shares), then the rest in file order; tests on the no-AVX2 fleet last, so that its idle TCG VM, which takes CPU
 # from everything else on a 2-core machine, is up only at the end.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-CONFTEST = "from tests.budget import pytest_runtest_logreport, pytest_runtest_setup, pytest_sessionfinish  # noqa\n"
+CONFTEST = "from tests.budget import *  # noqa: F403 (the hooks, as tests/conftest.py imports them)\n"
 TESTS = """
 import time
 
@@ -32,7 +32,7 @@ def _run(tmp_path: Path, budget: str) -> tuple[subprocess.CompletedProcess, Path
            "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "tests/e2e"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    return done, cache / "reports" / "e2e-times.json"
+    return done, cache / "reports" / "test-times.json"
 
 
 def test_exhausted_budget_fails_and_names_the_slowest(tmp_path):
@@ -52,3 +52,4 @@ def test_within_budget_every_test_runs_and_times_are_written(tmp_path):
     assert set(data["tests"]) == {"tests/e2e/test_mod.py::test_slow", "tests/e2e/test_mod.py::test_after_the_budget"}
     assert data["tests"]["tests/e2e/test_mod.py::test_slow"] >= 0.5
     assert data["modules"]["tests/e2e/test_mod.py"] >= 0.5
+    assert data["tests_run"] == 2 and data["exit_status"] == 0 and data["session_s"] >= data["e2e_s"] >= 0.5
