@@ -15,13 +15,13 @@ MINIMUMS = {
 
 
 def ensure(proc_sys: Path = Path("/proc/sys"), log=print) -> None:
-    """Raise each limit to its minimum if it is lower (never lowers one)."""
+    """Raise each limit to its minimum if it is lower (never lowers one); ``log`` adds its own prefix."""
     for name, minimum in MINIMUMS.items():
         path = proc_sys / name
         try:
             current = int(path.read_text())
             if current < minimum:
                 path.write_text(str(minimum))
-                log(f"[staging] raised {name.replace('/', '.')} from {current} to {minimum} for container hosts")
+                log(f"raised {name.replace('/', '.')} from {current} to {minimum} for container hosts")
         except (OSError, ValueError) as e:
-            log(f"[staging] could not raise {name.replace('/', '.')}: {e}; containers may fail to boot")
+            log(f"could not raise {name.replace('/', '.')}: {e}; containers may fail to boot")
