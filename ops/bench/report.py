@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops.bench.stats import ratio
+from ops.bench.stats import TOLERANCE, ratio
 from ops.bench.targets import Target, dig, summary
 
 GB = 1e9
@@ -36,6 +36,8 @@ def _measured(t: Target) -> str:
 
 
 def _threshold(t: Target) -> str:
+    if t.tolerance is not None:
+        return f"{t.threshold:g} ± {t.tolerance:g}{' ' + t.unit if t.unit != 'x' else 'x'}"
     op = ">=" if t.higher_is_better else "<="
     if t.unit == "bytes":
         return f"{op} {t.threshold / GB:.2f} GB"
@@ -72,7 +74,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
     machine = meta.get("machine", {})
     out.append(f"Machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} CPUs, "
                f"{gb(machine.get('memory_bytes'))} GB RAM, load average at start {machine.get('loadavg', '?')}. "
-               f"Model: 2b-shape synthetic Qwen3-VL (real compute and memory, DESIGN.md §4). "
+               f"Model: 2b-shape synthetic Qwen3-VL (real compute and memory, random weights: ops/model/synth.py). "
                f"{meta.get('tokens', '?')} new tokens (fixed, greedy), image {meta.get('image', '416x277')}, "
                f"medians of {meta.get('runs', '?')} runs. Ratios are within this run; absolute times are context.")
     out.append("")
@@ -117,8 +119,10 @@ def render(results: dict, charts: list[str] | None = None) -> str:
                     f"{limit['kv_bytes_per_token'] / 1e6:.1f} MB (u8), not in the floor.", ""]
     images = dig(results, "service", "int4", "images")
     if images:
-        rows = [[name, v["downscale"], v.get("sent_size", ""), num(v["first_token_s"]), num(v["ms_per_token"], 1),
-                 num(v["total_s"])] for name, v in images.items()]
+        # model_size: computed from the service's image preparation; older runs wrote the size the model saw as
+        # sent_size.
+        rows = [[name, v["downscale"], v.get("model_size", v.get("sent_size", "")), num(v["first_token_s"]),
+                 num(v["ms_per_token"], 1), num(v["total_s"])] for name, v in images.items()]
         out += ["## Image sizes (int4)", "", table(
             ["image", "service downscaling", "size the model saw", "first token (s)", "ms/token", "total (s)"],
             rows), ""]
@@ -153,6 +157,11 @@ def render(results: dict, charts: list[str] | None = None) -> str:
             [["in-process", num(ov["in_process"]["first_token_s"], 3), num(ov["in_process"]["ms_per_token"], 1)],
              ["HTTP+SSE", num(ov["http_sse"]["first_token_s"], 3), num(ov["http_sse"]["ms_per_token"], 1)],
              ["ratio", num(ov["first_token_s_ratio"], 3, "x"), num(ov["ms_per_token_ratio"], 3, "x")]]), ""]
+        verdicts = ov.get("comparison")
+        if verdicts:
+            out += [f"First token: {verdicts['first_token_s']['summary']}. ms/token: "
+                    f"{verdicts['ms_per_token']['summary']}. Within means |ratio - 1| <= {TOLERANCE:g}, either way: "
+                    "an in-process side slower than the service means the two sides did not do the same work.", ""]
     levers = results.get("levers")
     if levers:
         rows = [[lv["name"], lv["setting"], num(lv.get("cold_start_s"), 1), num(lv["first_token_s"]),

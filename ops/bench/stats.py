@@ -1,4 +1,4 @@
-"""Order statistics for small benchmark samples (no numpy: these are a handful of numbers)."""
+"""Order statistics for small benchmark samples (no numpy: these are a handful of numbers), and ratios of them."""
 
 from __future__ import annotations
 
@@ -23,3 +23,28 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
     return numerator / denominator
+
+
+TOLERANCE = 0.05  # "within 5 %": HTTP+SSE vs in-process, either way
+
+
+def within(value: float, center: float, tolerance: float) -> bool:
+    """|value - center| <= tolerance, two-sided (a hair of float slack: 1.05 is within 5 % of 1)."""
+    return abs(value - center) <= tolerance + 1e-12
+
+
+def compare(ratio: float, name: str, other: str, tolerance: float = TOLERANCE) -> dict:
+    """Judge ``ratio`` = ``name``'s time / ``other``'s time both ways: within when |ratio - 1| <= ``tolerance``;
+    either way, which of the two is slower and by how much (in percent of the faster one's time)."""
+    if ratio <= 0:
+        raise ValueError(f"a ratio of times must be positive, got {ratio}")
+    slower, by = (name, ratio - 1) if ratio >= 1 else (other, 1 / ratio - 1)
+    ok = within(ratio, 1.0, tolerance)
+    if ratio == 1:
+        text = f"{name} and {other} take the same time"
+    else:
+        faster = other if slower == name else name
+        text = f"{slower} {100 * by:.1f} % slower than {faster}"
+    text += f" ({'within' if ok else 'not within'} {100 * tolerance:g} %)"
+    return {"ratio": ratio, "within": ok, "slower": None if ratio == 1 else slower,
+            "slower_by_percent": 100 * by, "summary": text}
