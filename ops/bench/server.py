@@ -24,11 +24,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def service_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a benchmark's service runs with: this process's, the bench settings, then ``env``."""
+    return {**os.environ, **BENCH_ENV, **(env or {})}
+
+
+def model_size(png: bytes, model: Path, env: dict[str, str] | None = None) -> tuple[int, int]:
+    """(width, height) of ``png`` as the service started with ``env`` feeds it to the model: the service's own
+    preparation (service.images.prepare) under the image limits of its settings (VLFLEET_IMAGE_MAX_SIDE, ...)."""
+    from service.images import ImageLimits, prepare
+    from service.settings import load
+
+    s = load(service_env(env), model_dir=model)
+    return prepare(png, ImageLimits(s.max_image_bytes, s.max_image_pixels, s.image_max_side)).size
+
+
 def start_service(model: Path, port: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     vlfleet = Path(sys.executable).with_name("vlfleet")
     with open(log, "wb") as out:
         return subprocess.Popen([str(vlfleet), "serve", "--model", str(model), "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **BENCH_ENV, **(env or {})})
+                                stdout=out, stderr=subprocess.STDOUT, env=service_env(env))
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900, log: Path | None = None) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from ops.bench import bandwidth, baseline, concurrency, service_overhead, targets, workload
 from ops.bench.charts import suite_charts
 from ops.bench.report import render
-from ops.bench.server import Server
+from ops.bench.server import Server, model_size
 
 SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead")
 EXTRA_SECTIONS = ("levers",)  # only when asked for: A/B of service settings
@@ -147,6 +147,13 @@ def _followup(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
             "embeddings_s": {k: statistics.median(v) for k, v in embeds.items()}}
 
 
+def seen_size(server: Server, width: int, height: int) -> str:
+    """The size the model sees of a ``width`` x ``height`` test image sent to ``server``: computed by the service's
+    own image preparation under that server's settings (its VLFLEET_IMAGE_MAX_SIDE), not assumed."""
+    w, h = model_size(workload.test_image(width, height), server.model, server.env)
+    return f"{w}x{h}"
+
+
 def _concurrency(url: str, plan: Plan, say: Callable[[str], None], engine: str) -> list[dict]:
     levels = []
     for n in plan.clients:
@@ -225,7 +232,7 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
             say(f"int4 ready after {s.cold_start_s:.1f}s")
             entry["cold_start_s"] = s.cold_start_s
             entry["image_416"] = _answers(s.url, plan, 416, 277, 0, say, "int4 416x277")
-            section("images", lambda: images(s.url, entry))
+            section("images", lambda: images(s, entry))
             section("followup", lambda: entry.update(followup=_followup(s.url, plan, say)))
             entry["peak_rss_bytes"] = s.peak_rss()["worker"]
             entry["memory"] = s.memory()  # where the RSS is: anonymous (plugin buffers) vs file-backed (mmap)
@@ -241,17 +248,21 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
                 if engine != entry["engine"]:
                     section("concurrency", lambda e=engine: other_engine(e))
 
-    def images(url: str, entry: dict) -> None:
-        entry["images"] = {"416x277": {**entry["image_416"], "downscale": "on", "sent_size": "416x277"}}
+    def images(s: Server, entry: dict) -> None:
+        entry["images"] = {"416x277": {**entry["image_416"], "downscale": "on", "sent_size": "416x277",
+                                       "model_size": seen_size(s, 416, 277)}}
         w, h = FULL_SIDE
-        r = _answers(url, plan, w, h, 500, say, f"int4 {w}x{h} downscaled")
-        entry["images"][f"{w}x{h}"] = {**r, "downscale": "on", "sent_size": "448x299"}
+        r = _answers(s.url, plan, w, h, 500, say, f"int4 {w}x{h} downscaled")
+        entry["images"][f"{w}x{h}"] = {**r, "downscale": "on", "sent_size": f"{w}x{h}",
+                                       "model_size": seen_size(s, w, h)}
 
     def full_size_images(entry: dict) -> None:
         w, h = FULL_SIDE
         with server("int4", "int4-full.log", {"VLFLEET_IMAGE_MAX_SIDE": "0"}) as s:
             r = _answers(s.url, plan, w, h, 500, say, f"int4 {w}x{h} full size")
-        entry["images"][f"{w}x{h} (no downscale)"] = {**r, "downscale": "off", "sent_size": f"{w}x{h}"}
+            size = seen_size(s, w, h)
+        entry["images"][f"{w}x{h} (no downscale)"] = {**r, "downscale": "off", "sent_size": f"{w}x{h}",
+                                                      "model_size": size}
 
     def other_engine(engine: str) -> None:
         with server("int4", f"int4-{engine}.log", {"VLFLEET_ENGINE": engine}) as s:
@@ -263,8 +274,10 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
 
     def overhead() -> None:
         results["overhead"] = service_overhead.measure(artifact("int4"), plan.runs, plan.tokens)
-        say(f"HTTP+SSE / in-process: first token x{results['overhead']['first_token_s_ratio']:.3f}, "
-            f"ms/token x{results['overhead']['ms_per_token_ratio']:.3f}")
+        verdicts = results["overhead"]["comparison"]
+        say(f"HTTP+SSE / in-process: first token x{results['overhead']['first_token_s_ratio']:.3f} "
+            f"({verdicts['first_token_s']['summary']}), ms/token x{results['overhead']['ms_per_token_ratio']:.3f} "
+            f"({verdicts['ms_per_token']['summary']})")
 
     def levers() -> None:
         results["levers"] = lever_ab(plan, artifact, say)
@@ -311,6 +324,7 @@ def lever_ab(plan: Plan, artifact: Callable[[str], Path], say: Callable[[str], N
         with Server(artifact("int4"), plan.log_dir / f"lever-{len(rows)}.log", env) as s:
             r = _answers(s.url, plan, *size, 700, say, f"lever {setting}")
             rows.append({"name": name, "setting": setting, "cold_start_s": s.cold_start_s,
+                         "model_size": seen_size(s, *size),
                          "first_token_s": r["first_token_s"], "ms_per_token": r["ms_per_token"],
                          "peak_rss_bytes": s.peak_rss()["worker"], "runs": r["runs"]})
     return rows
