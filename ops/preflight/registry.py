@@ -33,7 +33,8 @@ class Check:
 
 CHECKS: tuple[Check, ...] = (
     # Every other check implicitly depends on this one: nothing can be checked on a host we cannot reach.
-    Check("HOST-REACHABLE", ERROR, "system", "The host answers over SSH as the inventory's user, with sudo -n.",
+    Check("HOST-REACHABLE", ERROR, "system",
+          "The host answers over SSH as the inventory's user, with sudo -n (root needs none).",
           "Check the inventory's ansible_host, ansible_user and key by hand (`ssh -i KEY USER@HOST sudo -n true`); "
           "give that user passwordless sudo (a file in /etc/sudoers.d/ with `USER ALL=(ALL) NOPASSWD: ALL`)."),
     Check("CPU-AVX2", ERROR, "cpu", "The CPU has AVX2 (OpenVINO's int4/int8 CPU kernels need it).",

@@ -106,3 +106,27 @@ def test_task_reports_an_unreachable_host(dead_inventory, tmp_path):
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["exit_code"] == 1 and data["summary"]["blocked"] == len(registry.CHECKS) - 1
     assert (tmp_path / "r.xml").read_text().count("<testcase") == len(registry.CHECKS)
+
+
+def test_checklist_as_root_on_a_host_without_sudo(tmp_path):
+    # Root needs no sudo: the checklist run on the host itself (local://) must not stop at "sudo: not found".
+    # PATH without sudo, so the host lacks it whatever this machine has installed.
+    import os
+    import shutil
+
+    require_tools("id", "timeout", "sh", root=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("id", "timeout", "sh", "grep", "cat", "nproc", "uname", "test", "systemctl"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+    env = {**os.environ, "PATH": str(bin_dir)}
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "ops/preflight/test_checklist.py"),
+                           "-p", "no:cacheprovider", "-q", "--hosts=local://", "-k", "reachable or cpu_avx2",
+                           f"--preflight-json={out}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    status = {r["id"]: (r["status"], r["message"]) for r in json.loads(out.read_text())["results"]}
+    assert status["HOST-REACHABLE"][0] == "pass", (status, done.stdout[-2000:])
+    assert status["CPU-AVX2"][0] in ("pass", "fail"), status  # ran, not blocked behind HOST-REACHABLE
+    assert "sudo" not in status["CPU-AVX2"][1], status
