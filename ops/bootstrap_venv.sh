@@ -10,5 +10,5 @@ fi
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q -e '.[host,converter,controller,test]'
 # optimum-intel pulls torchvision, whose PyPI build fails to import beside the CPU torch and breaks
-# transformers imports (DESIGN.md §4); nothing here needs it.
+# transformers imports (pyproject.toml, the converter extra); nothing here needs it.
 "$venv/bin/python" -m pip uninstall -y -q torchvision 2>/dev/null || true

@@ -2,7 +2,8 @@
 
 Run as a subprocess (``python -m ops.bench.baseline ...``) so each dtype's peak RSS is its own process's
 high-water mark; the last stdout line is the JSON result. Preprocessing uses transformers' slow (PIL)
-Qwen2VLImageProcessor because the fast one and the Qwen3-VL processor class need torchvision (DESIGN §4).
+Qwen2VLImageProcessor because the fast one and the Qwen3-VL processor class need torchvision, which the
+venv leaves out (pyproject.toml, the converter extra).
 """
 
 from __future__ import annotations
