@@ -68,6 +68,36 @@ class ConvertParams:
         return f"int4-g{self.group_size}-r{self.ratio}" + ("-sym" if self.sym else "")
 
 
+class GroupSizeError(ValueError):
+    """The int4 group size does not divide the language model's layer widths; the message names the ones that do."""
+
+
+GROUP_SIZES = (16, 32, 64, 128, 256)  # the usual choices; any divisor of every width works
+
+
+def check_group_size(source: Path, params: ConvertParams) -> None:
+    """Refuse, before a minutes-long export, an int4 group size that nncf would reject.
+
+    nncf compresses the language model's linear layers to int4 in groups along their input channels, so every
+    input width (hidden size, attention output, MLP intermediate) must be a multiple of the group size. The
+    vision tower is compressed to int8 per channel and does not constrain it.
+    """
+    if params.weight_format != "int4" or params.group_size == -1:
+        return
+    config = json.loads((Path(source) / "config.json").read_text())
+    text = config.get("text_config", config)
+    heads, head_dim = text.get("num_attention_heads"), text.get("head_dim")
+    widths = {text.get("hidden_size"), text.get("intermediate_size"),
+              heads * head_dim if heads and head_dim else None} - {None}
+    bad = sorted(w for w in widths if w % params.group_size)
+    if bad:
+        ok = [g for g in GROUP_SIZES if all(w % g == 0 for w in widths)]
+        raise GroupSizeError(
+            f"int4 group size {params.group_size} does not divide the language model's layer widths {bad} "
+            f"(all widths: {sorted(widths)}); use --group-size {' or '.join(map(str, ok)) or '-1'} "
+            "(-1 = per channel also works)")
+
+
 def optimum_cli() -> str:
     """optimum-cli of the interpreter running us (the converter environment), not whatever is on PATH."""
     candidate = Path(sys.executable).with_name("optimum-cli")
@@ -143,12 +173,14 @@ def convert(source: Path, out: Path, params: ConvertParams, quiet: bool = False,
     """Convert checkpoint ``source`` into artifact ``out`` (with manifest.json); returns ``out``.
 
     ``origin`` describes where the checkpoint came from (``ops.model.fetch`` passes it); by default it is
-    worked out from the directory. Raises FileNotFoundError for a non-checkpoint source, FileExistsError when
-    ``out`` holds something else, subprocess.CalledProcessError when the export fails.
+    worked out from the directory. Raises FileNotFoundError for a non-checkpoint source, GroupSizeError for an int4
+    group size the model's widths do not allow, FileExistsError when ``out`` holds something else,
+    subprocess.CalledProcessError when the export fails.
     """
     source, out = Path(source), Path(out)
     if not (source / "config.json").is_file():
         raise FileNotFoundError(f"{source} has no config.json: not a Hugging Face checkpoint directory")
+    check_group_size(source, params)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out):
         origin = dict(origin) if origin is not None else describe_source(source)

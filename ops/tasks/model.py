@@ -73,12 +73,13 @@ def fetch(c, source="Qwen/Qwen3-VL-2B-Instruct", revision=None, out=None, endpoi
             "out": "artifact directory to create", **_FORMAT_HELP})
 def convert(c, source, out, weight_format="int4", group_size=128, ratio="1.0", sym=False):
     """Convert a checkpoint to an OpenVINO IR artifact with manifest.json (atomic; never overwrites)."""
+    from ops.model.convert import GroupSizeError
     from ops.model.convert import convert as run_convert
 
     params = _params(weight_format, group_size, ratio, sym)
     try:
         path = run_convert(Path(source), Path(out), params)
-    except (FileNotFoundError, FileExistsError) as e:
+    except (FileNotFoundError, FileExistsError, GroupSizeError) as e:
         raise Exit(f"model.convert: {e}") from e
     except subprocess.CalledProcessError as e:
         raise Exit(f"model.convert: optimum-cli export failed (exit {e.returncode}; its output is above); no "
