@@ -18,7 +18,7 @@ def test_list_shows_the_task_collection():
 def test_bad_shape_is_a_clear_error(tmp_path):
     result = subprocess.run([VLFLEET, "model.synth", "--shape", "7b", "--out", str(tmp_path / "x")],
                             capture_output=True, text=True)
-    assert result.returncode != 0
+    assert result.returncode == 1  # invoke's Exit: a refusal, not a crash (which would also be non-zero)
     assert "--shape must be one of: tiny, 2b" in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
 
@@ -27,6 +27,6 @@ def test_ratio_takes_a_value_and_is_checked(tmp_path):
     # A float default once made invoke parse --ratio as a flag: `--ratio 0.8` then failed on a stray "0.8".
     result = subprocess.run([VLFLEET, "model.convert", "--source", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
                              "--ratio", "1.5"], capture_output=True, text=True)
-    assert result.returncode != 0
+    assert result.returncode == 1
     assert "ratio must be in (0, 1], got 1.5" in result.stderr + result.stdout
     assert "Traceback" not in result.stderr

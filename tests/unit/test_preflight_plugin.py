@@ -133,7 +133,7 @@ def test_expired_waiver_is_an_error(tmp_path):
     done, report = _run(tmp_path, f"--preflight-waivers={tmp_path / 'w.yml'}", "--preflight-ignore=CPU-AVX512")
     assert done.returncode == 1
     assert _status(report)["SVC-ACTIVE"] == "fail"
-    assert report["waiver_errors"] and "SVC-ACTIVE expired on 2020-01-01" in report["waiver_errors"][0]
+    assert len(report["waiver_errors"]) == 1 and "SVC-ACTIVE expired on 2020-01-01" in report["waiver_errors"][0]
     assert "ERROR waiver for SVC-ACTIVE expired" in done.stdout
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -62,8 +61,8 @@ def test_bad_max_fail_is_refused():
 class Recorder:
     """A step that records calls and concurrency; hosts in ``fail`` fail their gate, ``boom`` maps to exceptions."""
 
-    def __init__(self, fail=(), boom=None, delay=0.0):
-        self.fail, self.boom, self.delay = set(fail), dict(boom or {}), delay
+    def __init__(self, fail=(), boom=None, gate: threading.Barrier | None = None):
+        self.fail, self.boom, self.gate = set(fail), dict(boom or {}), gate
         self.calls: list[str] = []
         self.active = 0
         self.peak = 0
@@ -75,7 +74,8 @@ class Recorder:
             self.active += 1
             self.peak = max(self.peak, self.active)
         try:
-            time.sleep(self.delay)
+            if self.gate is not None:
+                self.gate.wait()  # every step of a round meets here: they are running at the same time
             if host in self.boom:
                 raise self.boom[host]
             if host in self.fail:
@@ -134,9 +134,13 @@ def test_exceptions_become_per_host_results_not_tracebacks():
 
 
 def test_parallelism_is_bounded_by_the_pool():
-    step = Recorder(delay=0.05)
-    run_batches("restart", "current", [f"h{i}" for i in range(8)], step, batch="100%", parallel=3, echo=None)
+    # Steps wait for each other in threes: three really run at once, and a fourth one running would show in the
+    # peak (a pool of 3 lets no fourth in; a wider one would, and then the barrier breaks after 10 s).
+    step = Recorder(gate=threading.Barrier(3, timeout=10))
+    hosts = [f"h{i}" for i in range(9)]
+    report = run_batches("restart", "current", hosts, step, batch="100%", parallel=3, echo=None)
     assert step.peak == 3
+    assert [r.outcome for r in report.results] == [Outcome.OK] * 9, report.table()
 
 
 def test_summary_names_counts_and_the_stop_reason():

@@ -89,7 +89,7 @@ def test_stage_copies_the_current_venv_and_writes_the_env(tmp_path):
     host_agent.switch(tmp_path, "r1")
     out = host_agent.stage({"root": str(tmp_path), "release": "r2", "venv_from": "r1", "group": "root",
                             "env_text": "VLFLEET_RELEASE_ID=r2\n"})
-    assert out["venv"] == "copied from r1" and out["env_changed"]
+    assert out["venv"] == "copied from r1" and out["env_changed"] is True
     new = tmp_path / "releases" / "r2"
     assert (new / "venv" / host_agent.COMPLETE).is_file()
     # hard links: same inode, no second copy on disk

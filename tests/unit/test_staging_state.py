@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -74,7 +76,10 @@ def test_process_identity_guards_against_pid_reuse():
     proc = subprocess.Popen(["sleep", "60"])
     try:
         start = resources.proc_start_time(proc.pid)
-        assert start
+        # Clock ticks since boot, for a process started just now: about the uptime, and not this process's.
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        assert start.isdigit() and abs(int(start) / os.sysconf("SC_CLK_TCK") - uptime) < 60, (start, uptime)
+        assert start != resources.proc_start_time(os.getpid())
         ours = Resource("process", str(proc.pid), extra={"start_time": start})
         stranger = Resource("process", str(proc.pid), extra={"start_time": str(int(start) + 1)})
         assert resources.exists(ours)
@@ -84,6 +89,7 @@ def test_process_identity_guards_against_pid_reuse():
         resources.remove(ours, stop_timeout=10)
         assert proc.wait(timeout=10) is not None
         assert not resources.exists(ours)
+        assert resources.proc_start_time(proc.pid) == ""  # reaped: no such process
     finally:
         if proc.poll() is None:
             proc.kill()
