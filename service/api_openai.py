@@ -7,6 +7,7 @@ import time
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from service import openai_request, sse
+from service.engine import Done, Event, Failed, Token
 from service.errors import APIError
 from service.streaming import JobStream, sse_body
 
@@ -36,31 +37,29 @@ def chat_completions():
     created = int(time.time())
     if not parsed.stream:
         done = stream.collect()
-        timings = done["timings"]
         return jsonify({
             "id": completion_id, "object": "chat.completion", "created": created, "model": parsed.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": done["text"]},
-                         "finish_reason": _finish(done["finish_reason"])}],
-            "usage": _usage(timings),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
+                         "finish_reason": _finish(done.finish_reason)}],
+            "usage": _usage(done.timings),
         }), 200, headers
 
     def chunk(delta: dict, finish: str | None = None) -> dict:
         return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": parsed.model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-    def render(kind: str, payload) -> str | None:
-        if kind == "started":
-            return None
-        if kind == "token":
-            return sse.event(chunk({"content": payload}))
-        if kind == "error":
-            return sse.event(payload.body()) + sse.event("[DONE]")
-        if kind == "done":
-            out = sse.event(chunk({}, _finish(payload["finish_reason"])))
-            if parsed.include_usage:
-                out += sse.event({**chunk({}), "choices": [], "usage": _usage(payload["timings"])})
-            return out + sse.event("[DONE]")
-        return None
+    def render(event: Event) -> str | None:
+        match event:
+            case Token(text=text):
+                return sse.event(chunk({"content": text}))
+            case Failed(error=error):
+                return sse.event(error.body()) + sse.event("[DONE]")
+            case Done(finish_reason=reason, timings=timings):
+                out = sse.event(chunk({}, _finish(reason)))
+                if parsed.include_usage:
+                    out += sse.event({**chunk({}), "choices": [], "usage": _usage(timings)})
+                return out + sse.event("[DONE]")
+        return None  # Started: the role chunk went out already
 
     def body():
         yield sse.event(chunk({"role": "assistant", "content": ""}))

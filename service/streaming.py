@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
-from service.engine import KEEPALIVE, Job
+from service.conversation import Timings
+from service.engine import KEEPALIVE, Done, Event, Failed, Job, Started, Token
 from service.errors import APIError
 
 
@@ -22,68 +22,71 @@ class JobStream:
         self.started_at = started_at or time.monotonic()
         self.first_token_at: float | None = None
         self._events = job.events(queue_timeout)
-        self._head: list[tuple[str, Any]] = []
-        self.started: dict = {}
+        self._head: list[Event] = []
+        self.started: Started | None = None
 
     def wait_started(self) -> dict[str, str]:
         """Block until the job starts; raise its error (503 queue timeout, ...) if it fails instead.
 
         Returns response headers that describe the start (whether a cached conversation was continued).
         """
-        for kind, payload in self._events:
-            if (kind, payload) == KEEPALIVE:
+        for event in self._events:
+            if event is KEEPALIVE:
                 continue
-            if kind == "error":
-                raise payload
-            if kind == "started":
-                self.started = payload
-            self._head.append((kind, payload))
-            return {"X-Session-Reused": "1" if self.started.get("reused_session") else "0",
-                    "X-Cache": self.started.get("cache", "miss")}
+            if isinstance(event, Failed):
+                raise event.error
+            if isinstance(event, Started):
+                self.started = event
+            self._head.append(event)
+            reused = self.started is not None and self.started.reused_session
+            cache = self.started.cache if self.started is not None else "miss"
+            return {"X-Session-Reused": "1" if reused else "0", "X-Cache": cache}
         raise APIError("job ended without events", 500)
 
-    def events(self) -> Iterator[tuple[str, Any]]:
+    def events(self) -> Iterator[Event]:
         """All events, the keep-alive ticks included; cancels the job if the consumer stops early."""
         try:
-            for kind, payload in list(self._head):
-                yield self._observe(kind, payload)
+            for event in list(self._head):
+                yield self._observe(event)
             self._head.clear()
-            for kind, payload in self._events:
-                yield self._observe(kind, payload)
+            for event in self._events:
+                yield self._observe(event)
         finally:
             self.job.cancel()
 
-    def _observe(self, kind: str, payload: Any) -> tuple[str, Any]:
-        if kind == "token" and self.first_token_at is None:
+    def _observe(self, event: Event) -> Event:
+        if isinstance(event, Token) and self.first_token_at is None:
             self.first_token_at = time.monotonic()
             if self.metrics:
                 self.metrics.ttft.observe(self.first_token_at - self.started_at)
-        elif kind == "done" and self.metrics:
-            timings = payload["timings"]
-            self.metrics.duration.observe(time.monotonic() - self.started_at)
-            self.metrics.generated_tokens.inc(timings.completion_tokens)
-            self.metrics.prompt_tokens.inc(timings.prompt_tokens)
-            self.metrics.image_encode.observe(timings.image_encode_s)
-            if timings.reused_session:
-                self.metrics.session_reuse.inc()
-        return kind, payload
+        elif isinstance(event, Done) and self.metrics:
+            self._count(event.timings)
+        return event
 
-    def collect(self) -> dict:
-        """For non-streaming responses: run to the end and return the done payload (or raise the error)."""
-        for kind, payload in self.events():
-            if kind == "error":
-                raise payload
-            if kind == "done":
-                return payload
+    def _count(self, timings: Timings) -> None:
+        self.metrics.duration.observe(time.monotonic() - self.started_at)
+        self.metrics.generated_tokens.inc(timings.completion_tokens)
+        self.metrics.prompt_tokens.inc(timings.prompt_tokens)
+        self.metrics.image_encode.observe(timings.image_encode_s)
+        if timings.reused_session:
+            self.metrics.session_reuse.inc()
+
+    def collect(self) -> Done:
+        """For non-streaming responses: run to the end and return its Done (or raise the error)."""
+        for event in self.events():
+            if isinstance(event, Failed):
+                raise event.error
+            if isinstance(event, Done):
+                return event
         raise APIError("job ended without a result", 500)
 
 
-def sse_body(stream: JobStream, render: Callable[[str, Any], str | None], keepalive: str) -> Iterator[str]:
+def sse_body(stream: JobStream, render: Callable[[Event], str | None], keepalive: str) -> Iterator[str]:
     """SSE text for every event: ``render`` maps an event to SSE text (None = send nothing)."""
-    for kind, payload in stream.events():
-        if (kind, payload) == KEEPALIVE:
+    for event in stream.events():
+        if event is KEEPALIVE:
             yield keepalive
             continue
-        text = render(kind, payload)
+        text = render(event)
         if text:
             yield text

@@ -6,6 +6,7 @@ from flask import Blueprint, Response, current_app, g, request, send_from_direct
 
 from service import sse
 from service.conversation import Conversation, Sampling, Turn, reserved_tag
+from service.engine import Done, Event, Failed, Started, Token
 from service.errors import APIError
 from service.images import prepare
 from service.streaming import JobStream, sse_body
@@ -48,19 +49,27 @@ def chat():
                        state.metrics, started_at=g.started_at)
     headers = stream.wait_started()
 
-    def render(kind: str, payload) -> str:
-        if kind == "done":
-            timings = payload["timings"].as_dict()
-            if stream.first_token_at is not None:
-                timings["request_first_token_s"] = round(stream.first_token_at - stream.started_at, 4)
-            return sse.event({"finish_reason": payload["finish_reason"], "session": payload["session"],
-                              "timings": timings}, "done")
-        if kind == "error":
-            return sse.event(payload.body()["error"], "error")
-        if kind == "started":
-            status = "encoding image" if payload["images"] else "reading the conversation"
-            return sse.event({"status": status, "reused_session": payload["reused_session"]}, "status")
-        return sse.event({"text": payload}, kind)
+    def render(event: Event) -> str | None:
+        match event:
+            case Token(text=text):
+                return sse.event({"text": text}, "token")
+            case Started(images=images, reused_session=reused):
+                status = "encoding image" if images else "reading the conversation"
+                return sse.event({"status": status, "reused_session": reused}, "status")
+            case Failed(error=error):
+                return sse.event(error.body()["error"], "error")
+            case Done():
+                return sse.event({"finish_reason": event.finish_reason, "session": event.session,
+                                  "timings": _timings(event, stream)}, "done")
+        return None
 
     return Response(sse_body(stream, render, sse.KEEPALIVE), mimetype="text/event-stream",
                     headers={**sse.HEADERS, **headers})
+
+
+def _timings(done: Done, stream: JobStream) -> dict:
+    """The engine's timings plus the first token's delay as the request saw it (queueing included)."""
+    timings = done.timings.as_dict()
+    if stream.first_token_at is not None:
+        timings["request_first_token_s"] = round(stream.first_token_at - stream.started_at, 4)
+    return timings

@@ -16,17 +16,10 @@ from typing import Any
 
 from service.conversation import Conversation, Sampling, Timings
 from service.detokenize import IncrementalDecoder
-from service.engine import (
-    RUNNING,
-    Engine,
-    Job,
-    generation_config,
-    pipeline_properties,
-    render_prompt,
-    scheduler_config,
-    warmup_conversation,
-)
-from service.errors import APIError
+from service.engine.base import Engine, warmup_conversation
+from service.engine.events import Started, Token
+from service.engine.genai import generation_config, image_tensors, load_batching_pipeline, render_prompt
+from service.engine.job import RUNNING, Job
 
 log = logging.getLogger("vlfleet.engine")
 
@@ -46,11 +39,10 @@ class Active:
 
 
 class BatchingEngine(Engine):
-    def _load(self):
-        import openvino_genai as ov_genai
+    """A ContinuousBatchingPipeline stepped by the inference thread, up to VLFLEET_MAX_BATCH jobs per step."""
 
-        return ov_genai.ContinuousBatchingPipeline(str(self.settings.model_dir), scheduler_config(self.settings),
-                                                   self.settings.device, pipeline_properties(self.settings))
+    def _load(self):
+        return load_batching_pipeline(self.settings)
 
     def _warmup(self) -> None:
         job = Job(warmup_conversation(), Sampling(max_tokens=2), "warmup")
@@ -66,39 +58,43 @@ class BatchingEngine(Engine):
     def _serve(self) -> None:
         active: list[Active] = []
         while True:
-            while len(active) < self.settings.max_batch:
-                job = self._next_job(timeout=None if not active else 0)
-                if job is None:
-                    break
-                try:
-                    active.append(self._admit(job))
-                except Exception as e:
-                    log.exception("request rejected by the pipeline", extra={"request_id": job.request_id})
-                    job.put("error", APIError(f"generation failed: {e}", 500, code="generation_failed"))
-            if not active:
-                continue
+            self._admit_waiting(active)
+            if active:
+                active = self._step(active)
+
+    def _admit_waiting(self, active: list[Active]) -> None:
+        """Admit queued jobs up to VLFLEET_MAX_BATCH; block for one only when nothing is running."""
+        while len(active) < self.settings.max_batch:
+            job = self._next_job(timeout=None if not active else 0)
+            if job is None:
+                return
             try:
-                self.pipeline.step()
-            except Exception as e:  # one bad step must not strand every stream: fail them, keep serving
-                log.exception("pipeline step failed")
-                for a in active:
-                    a.job.put("error", APIError(f"generation failed: {e}", 500, code="generation_failed"))
-                active = []
-                continue
-            active = self._drain(active)
+                active.append(self._admit(job))
+            except Exception as e:
+                log.exception("request rejected by the pipeline", extra={"request_id": job.request_id})
+                self._fail(job, e)
+
+    def _step(self, active: list[Active]) -> list[Active]:
+        """One scheduler step for every active job; the jobs still running after it."""
+        try:
+            self.pipeline.step()
+        except Exception as e:  # one bad step must not strand every stream: fail them, keep serving
+            log.exception("pipeline step failed")
+            for a in active:
+                self._fail(a.job, e)
+            return []
+        return self._drain(active)
 
     _ids = itertools.count(1)
 
     def _admit(self, job: Job) -> Active:
-        import openvino as ov
-
         cfg = generation_config(job.sampling)
         cfg.apply_chat_template = False  # rendered below, images tagged in their turns
         started = time.monotonic()
         conv, reused = self._sessions.resolve(job.conversation)
-        images = [ov.Tensor(img.pixels) for img in conv.images]
+        images = image_tensors(conv)
         handle = self.pipeline.add_request(next(self._ids), render_prompt(self.tokenizer, conv), images, cfg)
-        job.put("started", {"reused_session": reused, "images": len(images), "cache": "miss"})
+        job.put(Started(reused_session=reused, images=len(images), cache="miss"))
         timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
         return Active(job, conv, handle, started, timings, IncrementalDecoder(self.tokenizer))
 
@@ -127,7 +123,7 @@ class BatchingEngine(Engine):
         if a.timings.first_token_s is None:
             a.timings.first_token_s = time.monotonic() - a.started
         a.pieces.append(text)
-        a.job.put("token", text)
+        a.job.put(Token(text))
 
     def _complete(self, a: Active) -> None:
         timings = a.timings

@@ -1,0 +1,49 @@
+"""The inference engine: one pipeline, driven by one thread, fed by a bounded queue of jobs.
+
+HTTP threads submit a Job and read its typed events; only the inference thread touches the pipeline.
+
+- ``events``: what a job streams (Started, Token, Done, Failed, KEEPALIVE).
+- ``job``: a Job's queue, states and cancellation; ``replay`` of a cached answer.
+- ``base``: Engine, admission (readiness, memory, answer cache, queue) and the inference thread's life cycle.
+- ``serial``: SerialEngine, one VLMPipeline answering one request at a time (the default).
+- ``batching``: BatchingEngine, a ContinuousBatchingPipeline whose requests share decode steps.
+- ``genai``: the OpenVINO GenAI specifics both engines share: prompt, generation config, pipeline loading.
+
+Dependencies point one way (events <- job <- base <- serial, batching; genai beside them) and the modules
+import each other directly, never this package, so importing any of them cannot make a cycle.
+"""
+
+from __future__ import annotations
+
+from service.engine.base import Engine
+from service.engine.batching import BatchingEngine
+from service.engine.events import KEEPALIVE, Done, Event, Failed, Keepalive, Started, Token
+from service.engine.genai import generation_config, load_pipeline, pipeline_properties, render_prompt
+from service.engine.job import Job
+from service.engine.serial import SerialEngine
+
+__all__ = [
+    "KEEPALIVE",
+    "BatchingEngine",
+    "Done",
+    "Engine",
+    "Event",
+    "Failed",
+    "Job",
+    "Keepalive",
+    "SerialEngine",
+    "Started",
+    "Token",
+    "generation_config",
+    "load_pipeline",
+    "make_engine",
+    "pipeline_properties",
+    "render_prompt",
+]
+
+
+def make_engine(settings, *args, **kwargs) -> Engine:
+    """The engine VLFLEET_ENGINE names: serial (VLMPipeline) or batching (ContinuousBatchingPipeline)."""
+    if settings.engine == "batching":
+        return BatchingEngine(settings, *args, **kwargs)
+    return SerialEngine(settings, *args, **kwargs)

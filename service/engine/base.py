@@ -1,0 +1,182 @@
+"""Admission and the inference thread's life cycle, shared by both engines.
+
+VLMPipeline is not safe to call from two threads, so HTTP threads never touch it: they submit a Job and
+read its events from the job's own queue. A full queue is refused at once (429); a job that waits too long
+is abandoned (503); a client that goes away cancels its job, and generation stops so the next job starts
+promptly. Subclasses own the pipeline: how it is loaded, warmed up and driven.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+
+from service.answer_cache import AnswerCache, CachedAnswer, cache_key
+from service.conversation import Conversation, Sampling, Timings, Turn
+from service.engine.events import Done, Failed
+from service.engine.job import FINISHED, QUEUED, RUNNING, Job, replay
+from service.errors import APIError, Overloaded
+from service.sessions import SessionStore
+
+log = logging.getLogger("vlfleet.engine")
+
+
+class Engine:
+    """Admission (readiness, memory, answer cache, bounded queue) and the inference thread's life cycle.
+
+    Subclasses own the pipeline: ``_warmup`` and ``_serve`` run on the inference thread once it is loaded.
+    ``pipeline_factory`` builds the pipeline in that thread (tests inject one that fails on purpose).
+    """
+
+    def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
+        self.settings = settings
+        self.metrics = metrics
+        self.model_id = model_id or str(settings.model_dir)
+        self.memory = memory  # MemoryGuard or None
+        self.answers = AnswerCache(int(settings.answer_cache_mb * 2**20), settings.answer_cache_entries)
+        self._sessions = SessionStore(capacity=64)  # touched by the inference thread only
+        self._trim_sessions = threading.Event()
+        self._factory = pipeline_factory or (lambda: self._load())
+        self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_size)
+        self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
+        self.ready = threading.Event()
+        self.failed: str | None = None
+        self.pipeline = None
+        self.running: Job | None = None
+        self.load_seconds: float | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def trim(self) -> None:
+        """Drop what can be rebuilt: cached answers now, cached conversations on the inference thread."""
+        self.answers.clear()
+        self._trim_sessions.set()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, conversation: Conversation, sampling: Sampling, request_id: str) -> Job:
+        self._admit_or_refuse()
+        key = cache_key(conversation, sampling, self.model_id)
+        answer = self.answers.get(key)
+        if answer is not None:
+            if self.metrics:
+                self.metrics.cache_hits.inc()
+            return replay(conversation, sampling, request_id, answer)
+        if key is not None and self.answers.enabled and self.metrics:
+            self.metrics.cache_misses.inc()
+        job = Job(conversation, sampling, request_id, key)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise Overloaded(f"server busy: {self.settings.queue_size} requests already queued; retry later", 429,
+                             retry_after=max(1, self._queue.qsize())) from None
+        if self.metrics:
+            self.metrics.queue_depth.set(self._queue.qsize())
+        return job
+
+    def _admit_or_refuse(self) -> None:
+        """Raise a 503 while the model is not ready or memory is short."""
+        if not self.ready.is_set():
+            raise Overloaded(self.failed or "model is still loading; retry when /readyz returns 200", 503,
+                             retry_after=5)
+        if self.memory is not None and self.memory.shedding:
+            if self.metrics:
+                self.metrics.shed.inc()
+            raise Overloaded(self.memory.reason() + "; retry later", 503, retry_after=10)
+
+    # --- inference thread -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            started = time.monotonic()
+            self.pipeline = self._factory()
+            if self.settings.warmup:
+                self._warmup()
+                self._sessions.clear()  # the warm-up is nobody's conversation
+                self._release_mapped_weights()
+            self.load_seconds = time.monotonic() - started
+            log.info("model ready", extra={"load_seconds": round(self.load_seconds, 2)})
+            self.ready.set()
+        except Exception as e:  # a model that cannot load leaves the process alive but never ready
+            self.failed = f"model failed to load: {e}"
+            log.exception("model failed to load")
+            return
+        self._serve()
+
+    def _release_mapped_weights(self) -> None:
+        from service.mapped_weights import release
+
+        try:
+            released = release(self.settings.model_dir)
+        except OSError as e:  # an optimisation: never a reason not to serve
+            log.warning("could not release mapped weights", extra={"error": str(e)})
+            return
+        log.info("released mapped weight pages after warm-up", extra={"mapped_mib": released // 2**20})
+
+    def _load(self):
+        raise NotImplementedError
+
+    @functools.cached_property
+    def tokenizer(self):
+        return self.pipeline.get_tokenizer()
+
+    def _serve(self) -> None:
+        raise NotImplementedError
+
+    def _warmup(self) -> None:
+        raise NotImplementedError
+
+    def _next_job(self, timeout: float | None = None) -> Job | None:
+        """The next queued job that was not abandoned, or None after ``timeout`` seconds."""
+        while True:
+            try:
+                job = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if self.metrics:
+                self.metrics.queue_depth.set(self._queue.qsize())
+            if self._trim_sessions.is_set():
+                self._trim_sessions.clear()
+                self._sessions.clear()
+            if job._transition(QUEUED, RUNNING):
+                return job
+
+    def _finish(self, job: Job, pieces: list[str], timings: Timings, session_key: str | None = None) -> None:
+        """Classify the ending, remember the answer, and send Done."""
+        finish = self._finish_reason(job, timings)
+        if finish != "cancelled" and job.cache_key is not None:
+            self.answers.put(job.cache_key, CachedAnswer(tuple(pieces), finish, timings.prompt_tokens,
+                                                         timings.completion_tokens))
+            if self.metrics:
+                self.metrics.cache_bytes.set(self.answers.bytes)
+        job.put(Done(finish_reason=finish, text="".join(pieces), timings=timings,
+                     session=session_key if finish != "cancelled" else None))
+        job._transition(RUNNING, FINISHED)
+
+    def _finish_reason(self, job: Job, timings: Timings) -> str:
+        if job.cancelled.is_set():
+            if self.metrics:
+                self.metrics.cancelled.inc()
+            return "cancelled"
+        return "length" if timings.completion_tokens >= job.sampling.max_tokens else "stop"
+
+    @staticmethod
+    def _fail(job: Job, error: Exception) -> None:
+        """Send the job a 500 for a generation that raised ``error``."""
+        job.put(Failed(APIError(f"generation failed: {error}", 500, code="generation_failed")))
+
+
+def warmup_conversation() -> Conversation:
+    """A one-image question the engines answer (two tokens) before declaring themselves ready."""
+    import numpy as np
+
+    from service.images import PreparedImage
+
+    pixels = np.full((1, 64, 64, 3), 127, dtype=np.uint8)
+    return Conversation((Turn("user", "Describe the image.", (PreparedImage(pixels, "warmup", (64, 64)),)),))

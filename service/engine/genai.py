@@ -1,0 +1,97 @@
+"""OpenVINO GenAI specifics shared by both engines (and the benchmarks, which prompt as the service does).
+
+OpenVINO is imported inside each function, so importing this module stays cheap and does not need OpenVINO.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from service.conversation import Conversation, Sampling
+
+
+def render_prompt(tokenizer, conv: Conversation) -> str:
+    """The whole conversation through the model's chat template, each image tagged in the turn it came with.
+
+    The same conversation always renders the same prompt, and a follow-up's prompt starts with its earlier
+    turns' prompt, which is what lets the prefix cache find them.
+    """
+    messages, index = [], 0
+    for turn in conv.turns:
+        tags = "".join(f"<ov_genai_image_{index + i}>" for i in range(len(turn.images)))
+        index += len(turn.images)
+        messages.append({"role": turn.role, "content": tags + turn.text})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def generation_config(sampling: Sampling):
+    import openvino_genai as ov_genai
+
+    cfg = ov_genai.GenerationConfig()
+    cfg.max_new_tokens = sampling.max_tokens
+    if sampling.temperature > 0:
+        cfg.do_sample = True
+        cfg.temperature = sampling.temperature
+        cfg.top_p = sampling.top_p
+    if sampling.seed is not None:
+        cfg.rng_seed = sampling.seed
+    if sampling.stop:
+        cfg.stop_strings = set(sampling.stop)
+        cfg.include_stop_str_in_output = False
+    if sampling.ignore_eos:
+        cfg.ignore_eos = True
+        cfg.min_new_tokens = sampling.max_tokens
+    return cfg
+
+
+def pipeline_properties(settings) -> dict[str, Any]:
+    """OpenVINO properties from the settings: threads, precision and the compiled-model cache."""
+    properties: dict[str, Any] = {}
+    if settings.threads:
+        properties["INFERENCE_NUM_THREADS"] = settings.threads
+    if settings.precision != "auto":
+        properties["INFERENCE_PRECISION_HINT"] = settings.precision
+    if settings.model_cache_dir:
+        Path(settings.model_cache_dir).mkdir(parents=True, exist_ok=True)
+        properties["CACHE_DIR"] = str(settings.model_cache_dir)
+    return properties
+
+
+def scheduler_config(settings):
+    """Paged KV cache with prefix caching: a follow-up re-uses the KV blocks of the turns it repeats.
+
+    VLMPipeline only caches prefixes when given a SchedulerConfig explicitly (measured: a repeated 6.6k-token
+    prompt with an image went from 5.3 s to 0.9 s to first token on the tiny model; without it, no change).
+    """
+    import openvino_genai as ov_genai
+
+    scheduler = ov_genai.SchedulerConfig()
+    scheduler.enable_prefix_caching = True
+    scheduler.cache_size = settings.kv_cache_gb
+    scheduler.max_num_seqs = settings.max_batch
+    scheduler.dynamic_split_fuse = True
+    return scheduler
+
+
+def load_pipeline(settings):
+    """The serial engine's VLMPipeline (also what the benchmarks load in-process)."""
+    import openvino_genai as ov_genai
+
+    return ov_genai.VLMPipeline(str(settings.model_dir), settings.device, scheduler_config=scheduler_config(settings),
+                                **pipeline_properties(settings))
+
+
+def load_batching_pipeline(settings):
+    """The batching engine's ContinuousBatchingPipeline, with the same scheduler and properties."""
+    import openvino_genai as ov_genai
+
+    return ov_genai.ContinuousBatchingPipeline(str(settings.model_dir), scheduler_config(settings), settings.device,
+                                               pipeline_properties(settings))
+
+
+def image_tensors(conv: Conversation) -> list:
+    """The conversation's images as OpenVINO tensors, in the order render_prompt tags them."""
+    import openvino as ov
+
+    return [ov.Tensor(img.pixels) for img in conv.images]

@@ -1,0 +1,87 @@
+"""One request's life in the engine: the inference thread writes its events, an HTTP thread reads them.
+
+Each job has its own queue, so a slow reader never holds up the inference thread or other jobs. The state
+machine (queued -> running -> finished, or queued -> abandoned) decides races between the inference thread
+picking a job up and the reader giving up on it: whoever transitions first wins.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+from service.answer_cache import CachedAnswer
+from service.conversation import Conversation, Sampling, Timings
+from service.engine.events import FINAL, KEEPALIVE, Done, Event, Failed, Started, Token
+from service.errors import Overloaded
+
+QUEUED, RUNNING, FINISHED, ABANDONED = "queued", "running", "finished", "abandoned"
+
+
+class Job:
+    """One request; HTTP threads read ``events()``, the inference thread calls ``put``."""
+
+    def __init__(self, conversation: Conversation, sampling: Sampling, request_id: str, cache_key: str | None = None):
+        self.conversation = conversation
+        self.sampling = sampling
+        self.request_id = request_id
+        self.cache_key = cache_key
+        self.enqueued_at = time.monotonic()
+        self.cancelled = threading.Event()
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._state = QUEUED
+        self._lock = threading.Lock()
+
+    def _transition(self, old: str, new: str) -> bool:
+        with self._lock:
+            if self._state != old:
+                return False
+            self._state = new
+            return True
+
+    def cancel(self) -> None:
+        """The client went away: drop the job if still queued, else make the streamer return CANCEL."""
+        self.cancelled.set()
+        self._transition(QUEUED, ABANDONED)
+
+    def put(self, event: Event) -> None:
+        self._events.put(event)
+
+    def events(self, queue_timeout: float, keepalive: float = 1.0) -> Iterator[Event]:
+        """Yield events until Done/Failed; a KEEPALIVE every ``keepalive`` s of silence lets callers detect hang-ups."""
+        while True:
+            try:
+                event = self._events.get(timeout=keepalive)
+            except queue.Empty:
+                expired = self._expire(queue_timeout)
+                if expired:
+                    yield expired
+                    return
+                yield KEEPALIVE
+                continue
+            yield event
+            if isinstance(event, FINAL):
+                return
+
+    def _expire(self, queue_timeout: float) -> Failed | None:
+        """Abandon the job if it waited longer than ``queue_timeout`` without starting; the 503 to send."""
+        waited = time.monotonic() - self.enqueued_at
+        if waited <= queue_timeout or not self._transition(QUEUED, ABANDONED):
+            return None
+        return Failed(Overloaded(f"request waited {waited:.0f}s in the queue without starting "
+                                 f"(limit VLFLEET_QUEUE_TIMEOUT={queue_timeout:g}s); retry later", 503, retry_after=5))
+
+
+def replay(conversation: Conversation, sampling: Sampling, request_id: str, answer: CachedAnswer) -> Job:
+    """A finished job whose events are a cached answer, in the order a generation would produce them."""
+    job = Job(conversation, sampling, request_id)
+    job._state = FINISHED
+    job.put(Started(reused_session=False, images=len(conversation.images), cache="hit"))
+    for piece in answer.pieces:
+        job.put(Token(piece))
+    timings = Timings(first_token_s=0.0, prompt_tokens=answer.prompt_tokens,
+                      completion_tokens=answer.completion_tokens)
+    job.put(Done(finish_reason=answer.finish_reason, text="".join(answer.pieces), timings=timings, session=None))
+    return job
