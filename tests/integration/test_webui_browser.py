@@ -31,7 +31,7 @@ def test_upload_ask_stream_and_follow_up(browser, service, tmp_path):
     page.goto(service.url + "/")
     page.wait_for_function("document.getElementById('model').textContent.length > 0", timeout=15000)
     page.set_input_files("#file", str(image))
-    assert page.is_visible("#preview")
+    page.wait_for_selector("#preview", state="visible", timeout=15000)  # the file is read asynchronously
 
     page.fill("#question", "What is in this image?")
     page.click("#send")
