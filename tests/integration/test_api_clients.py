@@ -8,6 +8,7 @@ import subprocess
 import pytest
 from openai import OpenAI
 
+from service import manifest as mf
 from tests import servers
 from tests.integration.conftest import image_message, png_bytes
 
@@ -37,7 +38,10 @@ def test_openai_client_streaming_with_usage(client):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert finishes == ["length"]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
-    assert text
+    # The streamed pieces add up to the answer the same greedy request gets in one piece.
+    whole = client.chat.completions.create(model="qwen3-vl-2b-instruct", messages=[image_message()], max_tokens=8,
+                                           extra_body={"ignore_eos": True})
+    assert text == whole.choices[0].message.content
 
 
 def test_max_tokens_is_capped_by_server_maximum(client, service):
@@ -113,12 +117,13 @@ def test_curl_streams_sse_until_done(service, tmp_path):
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-def test_models_health_ready_openapi(service):
+def test_models_health_ready_openapi(service, tiny_model):
     status, models = servers.get(service.url + "/v1/models")
     assert status == 200 and models["data"][0]["id"] == "qwen3-vl-2b-instruct"
     assert servers.get(service.url + "/healthz") == (200, {"status": "alive"})
     status, ready = servers.get(service.url + "/readyz")
-    assert status == 200 and ready["ready"] is True and ready["artifact_id"]
+    assert status == 200 and ready["ready"] is True
+    assert ready["artifact_id"] == mf.read_manifest(tiny_model)["artifact_id"]
     status, doc = servers.get(service.url + "/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.")
     for path in ("/v1/chat/completions", "/chat", "/v1/models", "/healthz", "/readyz", "/metrics", "/openapi.json"):

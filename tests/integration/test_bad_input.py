@@ -9,6 +9,7 @@ import subprocess
 import urllib.request
 
 import pytest
+import requests
 from PIL import Image
 
 from tests import servers
@@ -143,8 +144,18 @@ def test_animated_gif_uses_first_frame(service):
     frames = [Image.new("RGB", (32, 32), c) for c in ((255, 0, 0), (0, 255, 0))]
     buf = io.BytesIO()
     frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
-    got, body = chat(service, image_body(buf.getvalue(), "image/gif"))
-    assert got == 200, body
+
+    def ask(data: bytes, mime: str) -> requests.Response:
+        body = image_body(data, mime)
+        body["messages"][0]["content"][1]["text"] = "Which frame of the GIF is this?"  # its own answer-cache key
+        return requests.post(service.url + CHAT, json=body, timeout=60)
+
+    gif = ask(buf.getvalue(), "image/gif")
+    assert gif.status_code == 200, gif.text
+    # The answer cache is keyed by the pixels the model got: the first frame's as a PNG hits, the second's misses.
+    first, second = (ask(png_bytes((32, 32), color), "image/png") for color in ((255, 0, 0), (0, 255, 0)))
+    assert (gif.headers["X-Cache"], first.headers["X-Cache"], second.headers["X-Cache"]) == ("miss", "hit", "miss")
+    assert first.json()["choices"][0]["message"]["content"] == gif.json()["choices"][0]["message"]["content"]
 
 
 def test_chat_endpoint_rejects_bad_forms(service):
@@ -158,7 +169,7 @@ def test_chat_endpoint_rejects_bad_forms(service):
 
 def test_service_still_ready_after_abuse(service):
     status, ready = servers.get(service.url + "/readyz")
-    assert status == 200 and ready["ready"]
+    assert status == 200 and ready["ready"] is True
     got, body = chat(service, {"messages": [image_message()], "max_tokens": 2})
     assert got == 200 and body["choices"][0]["message"]["content"] is not None
 

@@ -40,9 +40,16 @@ def timed_stream(url: str, question: str, tokens: int, out: dict) -> None:
 def test_openai_client_streams(batching):
     client = OpenAI(base_url=batching.url + "/v1", api_key="x", max_retries=0)
     chunks = list(client.chat.completions.create(model="qwen3-vl-2b-instruct", messages=[image_message()],
-                                                 max_tokens=6, stream=True, extra_body={"ignore_eos": True}))
-    assert chunks[-1].choices[0].finish_reason == "length"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks)
+                                                 max_tokens=6, stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}))
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].usage.completion_tokens == 6
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    # The same greedy request in one piece (the fixture has no answer cache: generated again).
+    whole = client.chat.completions.create(model="qwen3-vl-2b-instruct", messages=[image_message()], max_tokens=6,
+                                           extra_body={"ignore_eos": True})
+    assert text == whole.choices[0].message.content
 
 
 def test_concurrent_streams_generate_at_the_same_time(batching):

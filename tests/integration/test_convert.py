@@ -127,7 +127,7 @@ def test_tampering_is_detected_and_named_by_model_verify(model_copy: Path) -> No
     (model_copy / "openvino_tokenizer.xml").unlink()
     (model_copy / "rogue.py").write_text("print('hi')\n")
     res = vlfleet("model.verify", str(model_copy))
-    assert res.returncode != 0
+    assert res.returncode == 1  # the task's refusal; a crash would be non-zero as well
     report = json.loads(res.stdout[: res.stdout.rindex("}") + 1])
     assert report["modified"] == {"openvino_language_model.bin": "sha256 differs from the manifest"}
     assert report["missing"] == ["openvino_tokenizer.xml"]
@@ -139,7 +139,7 @@ def test_service_start_gate_on_the_real_artifact(model_copy: Path) -> None:
     import openvino
 
     runtime = openvino.get_version()
-    assert mf.check_startup(model_copy, runtime)["artifact_id"]
+    assert mf.check_startup(model_copy, runtime)["artifact_id"] == mf.read_manifest(model_copy)["artifact_id"]
     (model_copy / "openvino_vision_embeddings_model.bin").unlink()
     with pytest.raises(mf.ArtifactError, match=r"'files-present' failed .*openvino_vision_embeddings_model.bin"):
         mf.check_startup(model_copy, runtime)

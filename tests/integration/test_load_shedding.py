@@ -55,10 +55,19 @@ def test_burst_sheds_then_recovers(tiny_model, tmp_path):
             body = {"messages": [big], "max_tokens": 4096, "ignore_eos": True}
             results.append(requests.post(server.url + CHAT, json=body, timeout=300))
 
+        first_tokens = server.metric("vlfleet_time_to_first_token_seconds_count")
+
+        def settled() -> int:
+            """Burst requests admitted (generating or done: a first token; or queued) or already refused."""
+            started = server.metric("vlfleet_time_to_first_token_seconds_count") - first_tokens
+            return int(started + server.metric("vlfleet_queue_depth")) + sum(r.status_code != 200 for r in results)
+
         burst = [threading.Thread(target=burst_request) for _ in range(6)]
-        for t in burst:
+        for n, t in enumerate(burst, 1):
             t.start()
-            time.sleep(1.0)  # each is decoded and admitted before the next arrives
+            # Each is decoded and admitted (or refused) before the next arrives: seen, not assumed after a sleep.
+            servers.wait_for(lambda n=n: settled() >= n, 60, f"burst request {n} to be admitted or refused")
+
         def readyz() -> int:
             return servers.get(server.url + "/readyz")[0]
 
