@@ -67,7 +67,10 @@ class Engine:
         if answer is not None:
             if self.metrics:
                 self.metrics.cache_hits.inc()
-            return replay(conversation, sampling, request_id, answer)
+            job = replay(conversation, sampling, request_id, answer)
+            log_inference(job, Timings(first_token_s=0.0, prompt_tokens=answer.prompt_tokens,
+                                       completion_tokens=answer.completion_tokens), answer.finish_reason, "hit")
+            return job
         if key is not None and self.answers.enabled and self.metrics:
             self.metrics.cache_misses.inc()
         job = Job(conversation, sampling, request_id, key)
@@ -158,6 +161,7 @@ class Engine:
         job.put(Done(finish_reason=finish, text="".join(pieces), timings=timings,
                      session=session_key if finish != "cancelled" else None))
         job._transition(RUNNING, FINISHED)
+        log_inference(job, timings, finish, "miss")
 
     def _finish_reason(self, job: Job, timings: Timings) -> str:
         if job.cancelled.is_set():
@@ -170,6 +174,31 @@ class Engine:
     def _fail(job: Job, error: Exception) -> None:
         """Send the job a 500 for a generation that raised ``error``."""
         job.put(Failed(APIError(f"generation failed: {error}", 500, code="generation_failed")))
+
+
+def log_inference(job: Job, timings: Timings, finish: str, cache: str) -> None:
+    """One JSON line per answer, the time and resources it took (the HTTP request line of a stream only knows
+    when its headers went out)."""
+    ms = timings.ms_per_token
+    log.info("inference", extra={
+        "request_id": job.request_id, "cache": cache, "finish_reason": finish,
+        "images": len(job.conversation.images), "queue_wait_s": round(timings.queued_s, 4),
+        "image_encode_s": round(timings.image_encode_s, 4),
+        "first_token_s": None if timings.first_token_s is None else round(timings.first_token_s, 4),
+        "total_s": round(timings.total_s, 4), "prompt_tokens": timings.prompt_tokens,
+        "completion_tokens": timings.completion_tokens, "ms_per_token": None if ms is None else round(ms, 2),
+        "prefix_reuse": timings.reused_session, "rss_mib": _rss_mib()})
+
+
+@functools.cache
+def _process():
+    import psutil
+
+    return psutil.Process()
+
+
+def _rss_mib() -> int:
+    return _process().memory_info().rss // 2**20
 
 
 def warmup_conversation() -> Conversation:
