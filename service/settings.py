@@ -112,6 +112,13 @@ FIELDS: tuple[Field, ...] = (
           "Images are downscaled so the long side is at most this many pixels (aspect kept); 0 = off.",
           "an integer 0-8192"),
     Field("max_images", _int_range(1, 16), 4, "Images allowed in one request.", "an integer 1-16"),
+    Field("max_input_tokens", _int_range(16, 262144), 4096,
+          "Largest prompt accepted, in tokens (text and images, the whole conversation): one prompt must not hold "
+          "the single inference thread for minutes. Prefill runs at roughly 1-4 ms per token on 2 cores, so 4096 "
+          "is seconds, and the KV cache (VLFLEET_KV_CACHE_GB) holds many times that.", "an integer 16-262144"),
+    Field("max_turns", _int_range(1, 1024), 32, "Most user turns in one conversation.", "an integer 1-1024"),
+    Field("max_conversation_images", _int_range(1, 256), 8,
+          "Most images in one conversation, its earlier turns included.", "an integer 1-256"),
     Field("max_image_bytes", _int_range(1024, 512 * MiB), 10 * MiB, "Largest encoded image accepted, in bytes.",
           "an integer 1024-536870912"),
     Field("max_image_pixels", _int_range(1, 1 << 30), 40_000_000,

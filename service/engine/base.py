@@ -17,8 +17,10 @@ import time
 from service.answer_cache import AnswerCache, CachedAnswer, cache_key
 from service.conversation import Conversation, Sampling, Timings, Turn
 from service.engine.events import Done, Failed
+from service.engine.genai import render_prompt
 from service.engine.job import FINISHED, QUEUED, RUNNING, Job, replay
 from service.errors import APIError, Overloaded
+from service.prompt_limits import PromptLimits
 from service.sessions import SessionStore
 
 log = logging.getLogger("vlfleet.engine")
@@ -38,6 +40,7 @@ class Engine:
         self.memory = memory  # MemoryGuard or None
         self.answers = AnswerCache(int(settings.answer_cache_mb * 2**20), settings.answer_cache_entries)
         self._sessions = SessionStore(capacity=64)  # touched by the inference thread only
+        self.limits = PromptLimits(settings, render_prompt)
         self._trim_sessions = threading.Event()
         self._factory = pipeline_factory or (lambda: self._load())
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_size)
@@ -62,6 +65,7 @@ class Engine:
 
     def submit(self, conversation: Conversation, sampling: Sampling, request_id: str) -> Job:
         self._admit_or_refuse()
+        self.limits.check(conversation)  # before queueing: a prompt over the limits never takes a queue slot
         key = cache_key(conversation, sampling, self.model_id)
         answer = self.answers.get(key)
         if answer is not None:
@@ -170,10 +174,19 @@ class Engine:
             return "cancelled"
         return "length" if timings.completion_tokens >= job.sampling.max_tokens else "stop"
 
+    def _resolve(self, job: Job) -> tuple[Conversation, bool]:
+        """The job's whole conversation (earlier turns of its session included), within the prompt limits."""
+        conv, reused = self._sessions.resolve(job.conversation)
+        if reused:
+            self.limits.check(conv)  # the request alone was checked at the door; its session adds turns
+        return conv, reused
+
     @staticmethod
     def _fail(job: Job, error: Exception) -> None:
-        """Send the job a 500 for a generation that raised ``error``."""
-        job.put(Failed(APIError(f"generation failed: {error}", 500, code="generation_failed")))
+        """Send the job the client's error (APIError), or a 500 for a generation that raised ``error``."""
+        if not isinstance(error, APIError):
+            error = APIError(f"generation failed: {error}", 500, code="generation_failed")
+        job.put(Failed(error))
 
 
 def log_inference(job: Job, timings: Timings, finish: str, cache: str) -> None:

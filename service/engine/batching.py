@@ -91,7 +91,7 @@ class BatchingEngine(Engine):
         cfg = generation_config(job.sampling)
         cfg.apply_chat_template = False  # rendered below, images tagged in their turns
         started = time.monotonic()
-        conv, reused = self._sessions.resolve(job.conversation)
+        conv, reused = self._resolve(job)
         images = image_tensors(conv)
         handle = self.pipeline.add_request(next(self._ids), render_prompt(self.tokenizer, conv), images, cfg)
         job.put(Started(reused_session=reused, images=len(images), cache="miss"))

@@ -44,7 +44,7 @@ class SerialEngine(Engine):
 
     def _generate(self, job: Job) -> None:
         started = time.monotonic()
-        conv, reused = self._sessions.resolve(job.conversation)
+        conv, reused = self._resolve(job)
         timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
         images = image_tensors(conv)
         job.put(Started(reused_session=reused, images=len(images), cache="miss"))

@@ -13,8 +13,10 @@ from tests import servers
 
 @pytest.fixture(scope="session")
 def service(tiny_model, tmp_path_factory):
-    # A high token cap so tests can hold the inference thread busy with ignore_eos requests.
-    server = servers.start(tiny_model, tmp_path_factory.mktemp("service"), VLFLEET_MAX_TOKENS="4096")
+    # A high token cap so tests can hold the inference thread busy with ignore_eos requests; follow-ups carry such
+    # answers, so the prompt limit is raised too (tests/integration/test_prompt_limits.py tests the limits).
+    server = servers.start(tiny_model, tmp_path_factory.mktemp("service"), VLFLEET_MAX_TOKENS="4096",
+                           VLFLEET_MAX_INPUT_TOKENS="65536")
     yield server
     server.stop()
 
