@@ -7,10 +7,24 @@ from invoke import Collection
 
 def namespace() -> Collection:
     # Imported here so `vlfleet --help` does not pay for every area's imports up front.
-    from ops.tasks import bench, demo, fleet, model, monitoring, preflight, report, serve, site, staging, wheelhouse
+    from ops.tasks import (
+        bench,
+        demo,
+        fleet,
+        llamacpp,
+        model,
+        monitoring,
+        preflight,
+        report,
+        serve,
+        site,
+        staging,
+        wheelhouse,
+    )
 
     ns = Collection()
     ns.add_collection(Collection.from_module(model), name="model")
+    ns.add_collection(Collection.from_module(llamacpp), name="llamacpp")
     ns.add_collection(Collection.from_module(wheelhouse), name="wheelhouse")
     ns.add_task(serve.serve)
     ns.add_collection(Collection.from_module(bench), name="bench")

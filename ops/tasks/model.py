@@ -134,3 +134,35 @@ def build(c, source="Qwen/Qwen3-VL-2B-Instruct", revision=None, out=None, endpoi
         raise Exit(f"model.build: optimum-cli export failed (exit {e.returncode}; its output is above)") from e
     _verify_or_exit(path, smoke, report=report)
     print(f"artifact: {path}")
+
+
+@task(help={"source": "Hugging Face checkpoint directory (from model.fetch or model.synth)",
+            "out": "GGUF artifact directory to create",
+            "quant": "the language model's type: Q4_0 (default) and the other llama-quantize types (needs "
+                     "`vlfleet llamacpp.build`, run here if not yet built), or F16, BF16, F32, Q8_0 (the converter "
+                     "writes those itself)",
+            "mmproj_type": "the vision projector's type: q8_0 (default), f16, bf16 or f32"})
+def gguf(c, source, out, quant="Q4_0", mmproj_type="q8_0"):
+    """Convert a checkpoint to a GGUF artifact for llama.cpp: language model + vision projector + manifest.json."""
+    from ops.llamacpp.build import BuildError
+    from ops.llamacpp.gguf import GgufError, GgufParams
+    from ops.llamacpp.gguf import convert as run_convert
+    from ops.llamacpp.source import SourceError
+
+    try:
+        params = GgufParams(quant, mmproj_type)
+    except ValueError as e:
+        raise Exit(f"model.gguf: {e}") from None
+    if not (Path(source) / "config.json").is_file():
+        raise Exit(f"model.gguf: {source} has no config.json: pass a Hugging Face checkpoint directory (from "
+                   "`vlfleet model.fetch` or `vlfleet model.synth`)")
+    try:
+        quantize = None
+        if params.needs_quantize:
+            from ops.llamacpp import build as build_mod
+
+            quantize = build_mod.build().binary("llama-quantize")
+        path = run_convert(Path(source), Path(out), params, quantize=quantize)
+    except (FileNotFoundError, FileExistsError, GgufError, BuildError, SourceError) as e:
+        raise Exit(f"model.gguf: {e}") from None
+    print(f"GGUF artifact written to {path}")

@@ -1,0 +1,212 @@
+"""ops.llamacpp without building or downloading: the sdist check, build keys and command lines, GGUF parameters,
+converter and llama-quantize command lines, the pre-tokenizer fallback wrapper and the GGUF manifest."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ops.llamacpp import build, gguf, hf_to_gguf, source
+from service import manifest as mf
+
+CPU_A = {"cpu": "AMD EPYC", "isa": ["avx2", "fma", "avx512f"], "cpus": 2}
+CPU_B = {"cpu": "AMD EPYC", "isa": ["avx2", "fma"], "cpus": 2}
+
+
+# --- source -----------------------------------------------------------------------------------------------------
+
+def test_download_command_fetches_the_sdist_alone_with_pip():
+    cmd = source.download_command("0.3.36", Path("/c/src"))
+    assert cmd[:3] == [sys.executable, "-m", "pip"]
+    assert cmd[3] == "download"
+    assert cmd[cmd.index("--no-binary") + 1] == ":all:"  # a wheel has no llama.cpp sources
+    assert "--no-deps" in cmd
+    assert "llama-cpp-python==0.3.36" in cmd and cmd[-2:] == ["-d", "/c/src"]
+
+
+def test_the_sdist_is_checked_against_its_pinned_sha256(tmp_path, monkeypatch):
+    sdist = tmp_path / "llama_cpp_python-9.9.9.tar.gz"
+    sdist.write_bytes(b"not the release")
+    monkeypatch.setitem(source.SDIST_SHA256, "9.9.9", source.sha256_of(sdist))
+    assert source.check_sdist(sdist, "9.9.9") == source.SDIST_SHA256["9.9.9"]
+    monkeypatch.setitem(source.SDIST_SHA256, "9.9.9", "0" * 64)
+    with pytest.raises(source.SourceError, match=f"has sha256 {source.sha256_of(sdist)}, the pinned one is 0000"):
+        source.check_sdist(sdist, "9.9.9")
+    with pytest.raises(source.SourceError, match=r"no sha256 is pinned for llama-cpp-python 1\.0\.0; add it"):
+        source.check_sdist(sdist, "1.0.0")
+
+
+def test_the_pinned_version_has_a_pinned_hash():
+    assert len(source.SDIST_SHA256[source.VERSION]) == 64
+
+
+def test_missing_parts_of_the_tree_are_named(tmp_path):
+    (tmp_path / "CMakeLists.txt").write_text("")
+    (tmp_path / "tools" / "server").mkdir(parents=True)
+    missing = source.missing_parts(tmp_path)
+    assert "CMakeLists.txt" not in missing and "tools/server" not in missing
+    assert "convert_hf_to_gguf.py" in missing and "gguf-py/gguf/__init__.py" in missing
+
+
+# --- build ------------------------------------------------------------------------------------------------------
+
+def test_native_and_portable_flags():
+    native, portable = build.BuildConfig(cpu=CPU_A), build.BuildConfig(native=False)
+    assert "-DGGML_NATIVE=ON" in native.flags() and "-DGGML_NATIVE=OFF" in portable.flags()
+    assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON"} <= set(portable.flags())
+    for config in (native, portable):  # nothing downloaded at build or run time
+        assert {"-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"} <= set(config.flags())
+
+
+def test_cache_key_follows_version_flags_targets_and_the_native_cpu():
+    base = build.BuildConfig(cpu=CPU_A)
+    assert base.dirname() == f"{source.VERSION}-{base.key()}" and len(base.key()) == 12
+    assert build.BuildConfig(cpu=dict(CPU_A)).key() == base.key()
+    assert build.BuildConfig(cpu=CPU_B).key() != base.key()  # another ISA: a native build is not reused
+    assert build.BuildConfig(version="0.3.35", cpu=CPU_A).key() != base.key()
+    assert build.BuildConfig(targets=("llama-server",), cpu=CPU_A).key() != base.key()
+    assert build.BuildConfig(native=False).key() != base.key()
+    # A portable build runs on any CPU: where it was built does not change its key.
+    assert build.BuildConfig(native=False, cpu=CPU_A).key() == build.BuildConfig(native=False, cpu=CPU_B).key()
+
+
+def test_configure_and_build_commands():
+    config = build.BuildConfig(cpu=CPU_A)
+    assert build.configure_command(Path("/s"), Path("/b"), config) == ["cmake", "-S", "/s", "-B", "/b",
+                                                                       *config.flags()]
+    cmd = build.build_command(Path("/b"), config, 2)
+    assert cmd[:3] == ["cmake", "--build", "/b"] and cmd[cmd.index("-j") + 1] == "2"
+    assert cmd[cmd.index("--target") + 1:] == ["llama-server", "llama-quantize", "llama-mtmd-cli"]
+    assert build.niced(["make"], 19) == ["nice", "-n", "19", "make"]
+    assert build.niced(["make"], 0) == ["make"]
+
+
+def test_a_build_without_build_json_is_not_found(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLFLEET_CACHE", str(tmp_path))
+    config = build.BuildConfig(cpu=CPU_A)
+    bin_dir = build.build_dir(config) / "build" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in config.targets:
+        (bin_dir / name).write_text("")
+    assert build.find(config) is None  # interrupted: binaries but no build.json
+    (build.build_dir(config) / "build.json").write_text(json.dumps({"version": config.version}))
+    found = build.find(config)
+    assert found is not None and found.binary("llama-server") == bin_dir / "llama-server"
+    (bin_dir / "llama-quantize").unlink()
+    assert build.find(config) is None
+
+
+def test_a_failing_step_names_itself_and_shows_the_log_tail(tmp_path):
+    log = tmp_path / "build.log"
+    with open(log, "w") as out, pytest.raises(build.BuildError, match=r"cmake --build failed \(exit 3\)") as e:
+        build._run([sys.executable, "-c", "print('[ 50%] compiling x'); print('error: boom'); raise SystemExit(3)",
+                    "--build"], out, deadline=float("inf"), say=lambda m: None, log=log)
+    assert "error: boom" in str(e.value)
+
+
+def test_a_step_past_its_deadline_is_stopped(tmp_path):
+    log = tmp_path / "build.log"
+    said: list[str] = []
+    with open(log, "w") as out, pytest.raises(build.BuildError, match="did not finish in time"):
+        build._run([sys.executable, "-c", "import time; print('[  5%] a', flush=True); time.sleep(60)"], out,
+                   deadline=0.0, say=said.append, log=log)
+    assert said == ["[  5%] a"]
+
+
+# --- GGUF parameters and commands --------------------------------------------------------------------------------
+
+def test_gguf_params_normalise_and_choose_the_tool():
+    p = gguf.GgufParams("q4_0", "Q8_0")
+    assert (p.quant, p.mmproj_type) == ("Q4_0", "q8_0")
+    assert p.needs_quantize and p.lm_outtype == "f16"  # llama-quantize reads the f16 file
+    assert (p.lm_file, p.mmproj_file) == ("language-model-Q4_0.gguf", "mmproj-q8_0.gguf")
+    direct = gguf.GgufParams("q8_0", "f16")
+    assert not direct.needs_quantize and direct.lm_outtype == "q8_0"
+    assert direct.label() == "Q8_0-mmproj-f16"
+    assert p.describe() == {"format": "gguf", "language_model": "Q4_0", "mmproj": "q8_0",
+                            "files": {"language_model": "language-model-Q4_0.gguf", "mmproj": "mmproj-q8_0.gguf"}}
+
+
+@pytest.mark.parametrize(("quant", "mmproj", "message"), [
+    ("Q9", "q8_0", "quantisation 'Q9' is not one of Q4_0, "),
+    ("Q4_0", "Q4_0", "mmproj type 'Q4_0' is not one of f32, f16, bf16, q8_0"),
+])
+def test_gguf_params_refuse_unknown_types(quant, mmproj, message):
+    with pytest.raises(ValueError, match=message):
+        gguf.GgufParams(quant, mmproj)
+
+
+def test_converter_and_quantize_commands():
+    cmd = gguf.converter_command(Path("/t"), Path("/ckpt"), Path("/o/mm.gguf"), "q8_0", mmproj=True, fallback="qwen2")
+    assert cmd[:3] == [sys.executable, str(gguf.WRAPPER), "/t"]
+    assert cmd[3:cmd.index("--")] == ["--pre-tokenizer-fallback", "qwen2"]
+    assert cmd[cmd.index("--") + 1:] == ["/ckpt", "--outtype", "q8_0", "--outfile", "/o/mm.gguf", "--mmproj"]
+    plain = gguf.converter_command(Path("/t"), Path("/ckpt"), Path("/o/lm.gguf"), "f16")
+    assert "--pre-tokenizer-fallback" not in plain and "--mmproj" not in plain
+    assert gguf.quantize_command(Path("/b/llama-quantize"), Path("f16.gguf"), Path("q.gguf"), "Q4_0", 2) == [
+        "/b/llama-quantize", "f16.gguf", "q.gguf", "Q4_0", "2"]
+
+
+def test_the_fallback_is_only_for_qwen_checkpoints(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl",
+                                                      "architectures": ["Qwen3VLForConditionalGeneration"]}))
+    assert gguf.pre_tokenizer_fallback(tmp_path) == "qwen2"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    assert gguf.pre_tokenizer_fallback(tmp_path) is None
+
+
+def test_a_quantisation_that_needs_llama_quantize_is_refused_without_it(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(gguf.GgufError, match=r"Q4_0 is made by llama-quantize, which is not built: run `vlfleet "
+                                             r"llamacpp.build` first, or choose --quant F32 or F16 or BF16 or Q8_0"):
+        gguf.convert(tmp_path, tmp_path / "out", gguf.GgufParams("Q4_0"), quantize=None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_gguf_manifest_is_the_service_format_and_verifies(tmp_path):
+    art = tmp_path / "art"
+    art.mkdir()
+    params = gguf.GgufParams("Q4_0", "q8_0")
+    (art / params.lm_file).write_bytes(b"GGUF" + bytes(100))
+    (art / params.mmproj_file).write_bytes(b"GGUF" + bytes(50))
+    tools = {"python": "3.11.7", "llama-cpp-python": "0.3.36"}
+    manifest = gguf.gguf_manifest(art, origin={"kind": "dir", "uri": "/c", "revision": "sha256:0"}, params=params,
+                                  tools=tools, pre_tokenizer="qwen2")
+    mf.write_manifest(art, manifest)
+    assert manifest["weight_format"]["language_model"] == "Q4_0"
+    assert manifest["min_runtime"] == {"openvino": "0", "llama-cpp-python": "0.3.36"}
+    assert manifest["gguf"] == {"pre_tokenizer_fallback": "qwen2"}
+    assert sorted(manifest["files"]) == ["language-model-Q4_0.gguf", "mmproj-q8_0.gguf"]
+    assert manifest["files"]["mmproj-q8_0.gguf"] == {"size": 54, "sha256": mf.sha256_file(art / "mmproj-q8_0.gguf")}
+    assert mf.verify(art, full=True).ok
+    (art / params.mmproj_file).write_bytes(b"GGUF" + bytes(49) + b"x")
+    assert mf.verify(art, full=True).modified == {"mmproj-q8_0.gguf": "sha256 differs from the manifest"}
+
+
+# --- the converter wrapper --------------------------------------------------------------------------------------
+
+def test_wrapper_arguments():
+    assert hf_to_gguf.split_args(["/t", "--pre-tokenizer-fallback", "qwen2", "--", "/c", "--mmproj"]) == (
+        Path("/t"), "qwen2", ["/c", "--mmproj"])
+    assert hf_to_gguf.split_args(["/t", "--", "/c"]) == (Path("/t"), None, ["/c"])
+    with pytest.raises(SystemExit, match="usage"):
+        hf_to_gguf.split_args(["/t", "/c"])
+    with pytest.raises(SystemExit, match="unexpected arguments"):
+        hf_to_gguf.split_args(["/t", "--fallback", "--", "/c"])
+
+
+def test_the_wrapper_falls_back_only_for_an_unknown_hash(capsys):
+    class TextModel:
+        def get_vocab_base_pre(self, tokenizer) -> str:
+            if tokenizer == "known":
+                return "qwen2-from-table"
+            raise NotImplementedError("BPE pre-tokenizer was not recognized - update get_vocab_base_pre()")
+
+    hf_to_gguf.patch_pre_tokenizer(TextModel, "qwen2")
+    assert TextModel().get_vocab_base_pre("known") == "qwen2-from-table"
+    assert capsys.readouterr().err == ""
+    assert TextModel().get_vocab_base_pre("synthetic") == "qwen2"
+    assert hf_to_gguf.FALLBACK_MARK + " 'qwen2'" in capsys.readouterr().err
