@@ -38,6 +38,7 @@ def start_long_stream(server):
 
 
 def test_queue_full_gets_429_then_queue_timeout_gets_503(small_queue):
+    cancelled = small_queue.metric("vlfleet_cancelled_requests_total")
     busy, _lines = start_long_stream(small_queue)
     waiting: dict = {}
     queued = threading.Thread(target=lambda: waiting.update(r=requests.post(small_queue.url + CHAT, timeout=60, json={
@@ -54,6 +55,9 @@ def test_queue_full_gets_429_then_queue_timeout_gets_503(small_queue):
         assert "VLFLEET_QUEUE_TIMEOUT" in waiting["r"].json()["error"]["message"]
     finally:
         busy.close()
+        # The long job is cancelled before the next test starts, or its cancellation would be counted as theirs.
+        servers.wait_for(lambda: small_queue.metric("vlfleet_cancelled_requests_total") == cancelled + 1,
+                         what="the long stream's cancellation")
     assert servers.get(small_queue.url + "/readyz")[0] == 200
     assert small_queue.metric('vlfleet_rejected_requests_total{reason="429"}') >= 1
 
