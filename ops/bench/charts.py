@@ -57,6 +57,7 @@ def suite_charts(results: dict, out_dir: Path) -> list[str]:
     made: list[str] = []
     runtimes = {f"transformers {k}": dig(results, "baselines", k) for k in ("fp32", "bf16")}
     runtimes |= {f"service {k}": dig(results, "service", k, "image_416") for k in ("int8", "int4")}
+    runtimes["llama-server"] = dig(results, "peer", "image_416")
     runtimes = {k: v for k, v in runtimes.items() if v}
     if runtimes:
         bars(out_dir / "bench-first-token.png", "Time to first token, 416x277 image",
@@ -67,6 +68,7 @@ def suite_charts(results: dict, out_dir: Path) -> list[str]:
         made += ["bench-first-token.png", "bench-ms-per-token.png"]
         rss = {k: dig(results, "baselines", k.split()[-1], "peak_rss_bytes") for k in runtimes if "transformers" in k}
         rss |= {k: dig(results, "service", k.split()[-1], "peak_rss_bytes") for k in runtimes if "service" in k}
+        rss["llama-server"] = dig(results, "peer", "peak_rss_bytes")
         rss = {k: v / 1e9 for k, v in rss.items() if v}
         if rss:
             bars(out_dir / "bench-peak-rss.png", "Peak RSS of the process holding the model", rss, "GB")

@@ -56,6 +56,8 @@ def runtime_rows(results: dict) -> list[list[str]]:
     entries = [(f"transformers {k}", dig(results, "baselines", k), None) for k in ("fp32", "bf16")]
     entries += [(f"service {k} (HTTP+SSE)", dig(results, "service", k, "image_416"), dig(results, "service", k))
                 for k in ("int8", "int4")]
+    if dig(results, "peer", "image_416"):
+        entries.append((peer_label(results), dig(results, "peer", "image_416"), results["peer"]))
     for name, summ, server in entries:
         if not summ:
             continue
@@ -68,11 +70,55 @@ def runtime_rows(results: dict) -> list[list[str]]:
     return rows
 
 
+def peer_label(results: dict) -> str:
+    """"llama-server Q4_0 + mmproj q8_0 (HTTP+SSE)": the peer row's name, with its GGUF types."""
+    wf = dig(results, "peer", "artifact", "weight_format") or {}
+    types = f" {wf['language_model']} + mmproj {wf['mmproj']}" if wf.get("language_model") else ""
+    return f"llama-server{types} (HTTP+SSE)"
+
+
+def peer_section(results: dict) -> list[str]:
+    """What the peer was: build, artifact, threads, its own timings and the prompt each side processed."""
+    peer = results.get("peer")
+    if not peer:
+        return []
+    summ = peer.get("image_416", {})
+    build = peer.get("build") or {}
+    art = peer.get("artifact") or {}
+    machine = peer.get("machine") or {}
+    sizes = ", ".join(f"{name} {gb(size)} GB" for name, size in (art.get("sizes") or {}).items())
+    timings = summ.get("server_timings") or {}
+    svc = dig(results, "service", "int4") or {}
+    svc_416 = svc.get("image_416") or {}
+    rows = [["first token (s), client", num(summ.get("first_token_s")), num(svc_416.get("first_token_s"))],
+            ["ms/token, client", num(summ.get("ms_per_token"), 1), num(svc_416.get("ms_per_token"), 1)],
+            ["prompt tokens (image included)", num(summ.get("prompt_tokens"), 0), num(svc_416.get("prompt_tokens"), 0)],
+            ["prompt processing (ms), server-side", num(timings.get("prompt_ms"), 0), ""],
+            ["ms/token, server-side", num(timings.get("predicted_per_token_ms"), 1), ""],
+            ["peak RSS (GB)", gb(peer.get("peak_rss_bytes")), gb(svc.get("peak_rss_bytes"))],
+            ["cold start (s)", num(peer.get("cold_start_s"), 1), num(svc.get("cold_start_s"), 1)]]
+    out = ["## Peer: llama.cpp llama-server (this run)", "",
+           f"llama-server from llama.cpp as vendored by the llama-cpp-python {build.get('version', '?')} sdist, built "
+           f"here ({' '.join(build.get('flags') or [])}; {build.get('compiler') or 'compiler ?'}), on "
+           f"{machine.get('cpu', '?')} (ISA: {', '.join(machine.get('isa') or []) or '?'}), "
+           f"{peer.get('threads', '?')} threads, one slot. Model: the same 2b-shape checkpoint converted to GGUF "
+           f"(artifact {art.get('artifact_id', '?')}: {sizes or '?'}). Same images, prompt, token count, runs and "
+           "client as the service's int4 runs; the request adds `cache_prompt: false` and `temperature: 0` (greedy, "
+           "as the service).", "",
+           table(["", "llama-server", "service int4"], rows), ""]
+    mem = peer.get("memory") or {}
+    if mem.get("RssAnon") is not None:
+        out += [f"llama-server after its runs: RSS {gb(mem.get('VmRSS'))} GB = {gb(mem.get('RssAnon'))} GB "
+                f"anonymous + {gb(mem.get('RssFile'))} GB file-backed (memory-mapped GGUF).", ""]
+    return out
+
+
 def render(results: dict, charts: list[str] | None = None) -> str:
     meta = results.get("meta", {})
     out = [f"# vlfleet bench: {meta.get('started', '')}", ""]
     machine = meta.get("machine", {})
-    out.append(f"Machine: {machine.get('cpu', '?')}, {machine.get('cpus', '?')} CPUs, "
+    isa = f" (ISA: {', '.join(machine['isa'])})" if machine.get("isa") else ""
+    out.append(f"Machine: {machine.get('cpu', '?')}{isa}, {machine.get('cpus', '?')} CPUs, "
                f"{gb(machine.get('memory_bytes'))} GB RAM, load average at start {machine.get('loadavg', '?')}. "
                f"Model: 2b-shape synthetic Qwen3-VL (real compute and memory, random weights: ops/model/synth.py). "
                f"{meta.get('tokens', '?')} new tokens (fixed, greedy), image {meta.get('image', '416x277')}, "
@@ -162,6 +208,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
             out += [f"First token: {verdicts['first_token_s']['summary']}. ms/token: "
                     f"{verdicts['ms_per_token']['summary']}. Within means |ratio - 1| <= {TOLERANCE:g}, either way: "
                     "an in-process side slower than the service means the two sides did not do the same work.", ""]
+    out += peer_section(results)
     levers = results.get("levers")
     if levers:
         rows = [[lv["name"], lv["setting"], num(lv.get("cold_start_s"), 1), num(lv["first_token_s"]),

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from ops.bench import bandwidth, baseline, concurrency, service_overhead, targets, workload
+from ops.bench import bandwidth, baseline, concurrency, llama_server, service_overhead, targets, workload
 from ops.bench.charts import suite_charts
 from ops.bench.report import render
 from ops.bench.server import Server, model_size
 
-SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead")
+SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead", "peer")
 EXTRA_SECTIONS = ("levers",)  # only when asked for: A/B of service settings
 FOLLOWUP = "What are the main colors, and where are they?"
 FULL_SIDE = (1200, 800)
@@ -91,30 +91,36 @@ class Progress:
 
 
 def _machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    """CPU model, ISA flags and CPUs (ops.machine.describe), memory, load, Python and the runtimes' versions."""
+    from ops.machine import describe
+
     versions = {}
     for pkg in ("openvino", "openvino-genai", "torch", "transformers", "numpy"):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
-    return {"cpu": cpu, "cpus": len(os.sched_getaffinity(0)), "memory_bytes": os.sysconf("SC_PAGE_SIZE") *
-            os.sysconf("SC_PHYS_PAGES"), "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-            "python": platform.python_version(), "versions": versions}
+    return {**describe(), "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()), "python": platform.python_version(),
+            "versions": versions}
 
 
 def _answers(url: str, plan: Plan, width: int, height: int, seed: int, say: Callable[[str], None],
              label: str) -> dict:
-    """``plan.runs`` answers, each about a fresh image of ``width`` x ``height``, after one discarded warm-up."""
+    """``plan.runs`` answers, each about a fresh image of ``width`` x ``height``, after one discarded warm-up;
+    with the prompt tokens the service reported (the image's tokens included)."""
     workload.over_http(url, workload.test_image(width, height, seed=seed + 999), 8)
-    samples = []
+    samples, prompt = [], []
     for i in range(plan.runs):
-        samples.append(workload.over_http(url, workload.test_image(width, height, seed=seed + i), plan.tokens))
+        done = workload.chat_stream(url, [workload.user_turn(workload.test_image(width, height, seed=seed + i))],
+                                    plan.tokens)
+        samples.append(done.sample)
+        if done.prompt_tokens is not None:
+            prompt.append(done.prompt_tokens)
         s = samples[-1]
         say(f"{label} run {i + 1}/{plan.runs}: first token {s.first_token_s:.2f}s, {s.ms_per_token:.1f} ms/token, "
             f"{s.tokens} tokens")
-    return workload.summarize(samples)
+    return {**workload.summarize(samples), "prompt_tokens": statistics.median(prompt) if prompt else None}
 
 
 def _followup(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
@@ -164,8 +170,19 @@ def _concurrency(url: str, plan: Plan, say: Callable[[str], None], engine: str) 
     return levels
 
 
-def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Path]) -> dict:
-    """Run ``plan``; ``artifact(fmt)`` / ``checkpoint()`` give (and build if needed) the 2b-shape inputs."""
+@dataclass(frozen=True)
+class PeerInputs:
+    """What the peer section runs: a built llama-server and the 2b-shape checkpoint as a GGUF artifact."""
+
+    server: Path
+    artifact: Path
+    build: dict  # ops.llamacpp.build's build.json: version, flags, CPU it was tuned for, build time
+
+
+def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Path],
+        peer_inputs: Callable[[], PeerInputs] | None = None) -> dict:
+    """Run ``plan``; ``artifact(fmt)`` / ``checkpoint()`` / ``peer_inputs()`` give (and build if needed) the
+    2b-shape inputs."""
     say = Progress()
     engines, default_engine = service_engines()
     plan.engines = plan.engines or engines
@@ -279,6 +296,13 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
             f"({verdicts['first_token_s']['summary']}), ms/token x{results['overhead']['ms_per_token_ratio']:.3f} "
             f"({verdicts['ms_per_token']['summary']})")
 
+    def peer() -> None:
+        if peer_inputs is None:
+            raise RuntimeError("this run was given no llama-server to measure (peer_inputs)")
+        say("llama-server: llama.cpp build and 2b GGUF artifact (cached; the first build takes 10-20 min)")
+        inputs = peer_inputs()
+        results["peer"] = measure_peer(inputs, plan, say)
+
     def levers() -> None:
         results["levers"] = lever_ab(plan, artifact, say)
 
@@ -287,12 +311,38 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
     section("int8", int8)
     section("int4", int4)
     section("overhead", overhead)
+    section("peer", peer)
     section("levers", levers)
     results["targets"] = [t.as_dict() for t in targets.evaluate(results)]
     results["meta"]["elapsed_s"] = time.monotonic() - say.started
     write(results, plan.out)
     say(f"done in {results['meta']['elapsed_s'] / 60:.1f} min: {plan.out}/bench.json, bench.md and PNGs")
     return results
+
+
+def measure_peer(inputs: PeerInputs, plan: Plan, say: Callable[[str], None]) -> dict:
+    """llama-server on the GGUF artifact, measured like the service's int4 runs: the same 416x277 images (seeds),
+    prompt, token count, runs and client; with its build, artifact and the machine it ran on."""
+    from ops.machine import describe
+    from service.manifest import read_manifest
+
+    manifest = read_manifest(inputs.artifact)
+    entry: dict = {"engine": "llama-server", "machine": describe(),
+                   "build": {k: inputs.build.get(k) for k in ("version", "flags", "cpu", "build_s", "compiler")},
+                   "artifact": {"path": str(inputs.artifact), "artifact_id": manifest["artifact_id"],
+                                "weight_format": manifest["weight_format"],
+                                "sizes": {name: e["size"] for name, e in manifest["files"].items()}}}
+    with llama_server.LlamaServer(inputs.server, inputs.artifact, plan.log_dir / "llama-server.log") as s:
+        say(f"llama-server ready after {s.cold_start_s:.1f}s ({s.n_threads} threads, artifact "
+            f"{manifest['artifact_id']})")
+        entry.update(cold_start_s=s.cold_start_s, threads=s.n_threads,
+                     command=[Path(a).name if i == 0 else a for i, a in enumerate(s.command)])
+        entry["image_416"] = llama_server.measure(s, plan.runs, plan.tokens, 416, 277, 0, say)
+        entry["peak_rss_bytes"] = s.peak_rss()
+        entry["memory"] = s.memory()
+    say(f"llama-server: first token {entry['image_416']['first_token_s']:.2f}s, "
+        f"{entry['image_416']['ms_per_token']:.1f} ms/token, peak RSS {(entry['peak_rss_bytes'] or 0) / 1e9:.2f} GB")
+    return entry
 
 
 def _compile_cache() -> str:

@@ -7,7 +7,7 @@ import io
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from PIL import Image
@@ -97,17 +97,34 @@ class Answer:
     sample: Sample
     text: str
     headers: dict[str, str]
+    prompt_tokens: int | None = None  # the usage chunk's, when the server sent one
+    server_timings: dict = field(default_factory=dict)  # llama-server's own ``timings`` (its last chunk's)
 
 
-def chat_stream(url: str, messages: list[dict], tokens: int, timeout: float = 600) -> Answer:
-    """POST /v1/chat/completions with stream: true and a fixed output length, timed at the client."""
+def server_timings(chunk: dict) -> dict:
+    """llama-server's ``timings`` of a stream chunk (prompt_n, prompt_ms, predicted_n, predicted_per_token_ms, ...),
+    numbers only; {} for a chunk without them (the vlfleet service sends none)."""
+    timings = chunk.get("timings")
+    if not isinstance(timings, dict):
+        return {}
+    return {k: v for k, v in timings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def chat_stream(url: str, messages: list[dict], tokens: int, timeout: float = 600,
+                extra: dict | None = None) -> Answer:
+    """POST /v1/chat/completions with stream: true and a fixed output length, timed at the client.
+
+    ``extra`` adds body fields a particular server needs to do the same work (llama-server: ``cache_prompt``,
+    ``temperature``; see ops/bench/llama_server.py); the timing and parsing are the same for every server."""
     import requests
 
     body = {"messages": messages, "max_tokens": tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, **(extra or {})}
     started = time.perf_counter()
     first = ended = None
     usage = 0
+    prompt_tokens: int | None = None
+    timings: dict = {}
     pieces: list[str] = []
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=timeout) as r:
         if r.status_code != 200:
@@ -121,6 +138,8 @@ def chat_stream(url: str, messages: list[dict], tokens: int, timeout: float = 60
                 raise RuntimeError(f"stream error: {chunk['error']}")
             if chunk.get("usage"):
                 usage = chunk["usage"]["completion_tokens"]
+                prompt_tokens = chunk["usage"].get("prompt_tokens", prompt_tokens)
+            timings = server_timings(chunk) or timings
             for choice in chunk["choices"]:
                 content = choice["delta"].get("content")
                 if content:
@@ -131,12 +150,13 @@ def chat_stream(url: str, messages: list[dict], tokens: int, timeout: float = 60
                     ended = time.perf_counter()
     if first is None or ended is None:
         raise RuntimeError("stream ended without tokens")
-    return Answer(Sample(first - started, ended - started, usage), "".join(pieces), headers)
+    return Answer(Sample(first - started, ended - started, usage), "".join(pieces), headers, prompt_tokens, timings)
 
 
-def over_http(url: str, png: bytes, tokens: int, prompt: str = PROMPT, timeout: float = 600) -> Sample:
+def over_http(url: str, png: bytes, tokens: int, prompt: str = PROMPT, timeout: float = 600,
+              extra: dict | None = None) -> Sample:
     """One answer about one image through the OpenAI-compatible streaming endpoint."""
-    return chat_stream(url, [user_turn(png, prompt)], tokens, timeout).sample
+    return chat_stream(url, [user_turn(png, prompt)], tokens, timeout, extra).sample
 
 
 def metric(url: str, name: str) -> float:

@@ -20,9 +20,20 @@ def _checkpoint() -> Path:
     return checkpoint("2b")
 
 
+def _peer():
+    """llama-server built for this CPU and the 2b-shape checkpoint as GGUF (Q4_0 + mmproj q8_0), both cached."""
+    from ops.bench.suite import PeerInputs
+    from ops.llamacpp import build, gguf
+
+    built = build.build()
+    return PeerInputs(built.binary("llama-server"), gguf.cached("2b", gguf.GgufParams("Q4_0", "q8_0"), quiet=False),
+                      built.info)
+
+
 @task(default=True, help={
     "only": "comma-separated subset: machine, baselines, int8, int4, images, followup, concurrency, overhead, "
-            "levers (A/B, off by default), or service (= int4,images,followup)",
+            "peer (llama-server on the same checkpoint as GGUF, built on first use), levers (A/B, off by default), "
+            "or service (= int4,images,followup)",
     "quick": "fewer runs (2), one baseline run, clients 1/2/4 once each: a check of the harness, not a result",
     "runs": "measured answers per configuration (default 5; 2 with --quick)",
     "tokens": "new tokens per answer (default 64)",
@@ -46,7 +57,7 @@ def run(c, only=None, quick=False, runs=None, tokens=64, out=None):
         raise Exit("--runs must be >= 1 and --tokens >= 2 (ms/token needs two tokens)")
     print(f"[bench] sections: {', '.join(plan.sections)}; {plan.runs} runs, {plan.tokens} tokens; "
           f"logs in {plan.log_dir}; preparing 2b-shape artifacts (cached after the first build)", flush=True)
-    results = run_suite(plan, _artifact, _checkpoint)
+    results = run_suite(plan, _artifact, _checkpoint, _peer)
     failed = results.get("errors") or {}
     if failed:
         raise Exit(f"sections failed: {', '.join(failed)}; see {target}/bench.md and the logs in {plan.log_dir}")

@@ -29,3 +29,19 @@ def test_engines_come_from_the_service_settings():
     engines, default = service_engines()
     assert engines and set(engines) <= {"serial", "batching"}
     assert default is None or default in engines
+
+
+def test_peer_is_a_section_of_the_full_run_and_can_run_alone():
+    assert "peer" in parse_only(None)
+    assert parse_only("peer") == ("peer",)
+    assert parse_only("peer,service") == ("int4", "images", "followup", "peer")
+
+
+def test_the_machine_block_names_the_cpu_and_its_isa_flags():
+    from ops.bench.suite import _machine
+    from ops.machine import ISA_FLAGS, describe
+
+    block = _machine()
+    assert {k: block[k] for k in ("cpu", "isa", "cpus")} == describe()
+    assert set(block["isa"]) <= set(ISA_FLAGS)
+    assert block["memory_bytes"] > 0 and "openvino" in block["versions"]

@@ -28,6 +28,13 @@ def results(**over) -> dict:
         "overhead": {"first_token_s_ratio": 1.01, "ms_per_token_ratio": 1.00,
                      "in_process": {"first_token_s": 1.0, "ms_per_token": 45.0},
                      "http_sse": {"first_token_s": 1.01, "ms_per_token": 45.0}},
+        "peer": {"engine": "llama-server", "cold_start_s": 2.5, "threads": 2, "peak_rss_bytes": 2.5e9,
+                 "image_416": {"first_token_s": 4.0, "ms_per_token": 50.0, "total_s": 7.2, "prompt_tokens": 140,
+                               "server_timings": {"prompt_ms": 3900.0, "predicted_per_token_ms": 49.0}},
+                 "build": {"version": "0.3.36", "flags": ["-DGGML_NATIVE=ON"], "compiler": "c++ (Debian) 12.2.0"},
+                 "machine": {"cpu": "AMD EPYC", "isa": ["avx2", "avx512f"], "cpus": 2},
+                 "artifact": {"artifact_id": "abcdef0123456789", "sizes": {"language-model-Q4_0.gguf": 1.1e9},
+                              "weight_format": {"format": "gguf", "language_model": "Q4_0", "mmproj": "q8_0"}}},
     }
     r.update(over)
     return r
@@ -105,7 +112,57 @@ def test_slower_service_fails_the_first_token_target():
     t = by_id(evaluate(r))
     assert t["first-vs-fp32"].met is False  # 2/6 = 0.33 > 0.20
     assert t["first-abs"].met is False
-    assert t["peer-first"].met is True  # still below llama-server's 4.5 s
+    assert t["peer-first"].met is True  # still below this run's llama-server (4.0 s)
+
+
+def test_peer_targets_compare_with_the_llama_server_row_of_the_same_run():
+    t = by_id(evaluate(results()))
+    assert t["peer-first"].measured == pytest.approx(1.0 / 4.0)
+    assert t["peer-first"].threshold == 1.0 and t["peer-first"].unit == "x"
+    assert t["peer-first"].met is True
+    assert t["peer-first"].detail == "service 1.00 s, llama-server 4.00 s"
+    assert t["peer-tpot"].measured == pytest.approx(45.0 / 50.0)
+    assert t["peer-tpot"].met is True
+    assert t["peer-rss"].measured == pytest.approx(2.3 / 2.5)
+    assert t["peer-rss"].detail == "service 2.30 GB, llama-server 2.50 GB"
+    r = results()
+    r["peer"]["image_416"]["ms_per_token"] = 40.0  # a faster peer this time: the same service now misses
+    t = by_id(evaluate(r))
+    assert t["peer-tpot"].measured == pytest.approx(45.0 / 40.0)
+    assert t["peer-tpot"].met is False
+
+
+def test_without_the_peer_section_its_targets_are_not_evaluated():
+    r = results()
+    del r["peer"]
+    t = by_id(evaluate(r))
+    for key in ("peer-first", "peer-tpot", "peer-rss"):
+        assert t[key].measured is None and t[key].met is None
+        assert t[key].detail == "peer not measured in this run"
+    r["targets"] = [x.as_dict() for x in evaluate(r)]
+    assert ("| first token, int4 service / llama-server (same run) | not measured | <= 1x | not evaluated | "
+            "peer not measured in this run |") in render(r)
+
+
+def test_no_peer_numbers_are_kept_in_the_code():
+    from ops.bench import targets
+
+    assert not hasattr(targets, "PEER")
+    r = results()
+    r["peer"] = {"image_416": {}}  # ran but measured nothing: still nothing to compare with
+    assert all(t.met is None for t in evaluate(r) if t.id.startswith("peer-"))
+
+
+def test_the_report_shows_the_peer_row_and_section():
+    r = results()
+    r["targets"] = [t.as_dict() for t in evaluate(r)]
+    md = render(r)
+    assert "| llama-server Q4_0 + mmproj q8_0 (HTTP+SSE) | 4.00 | 50.0 | 7.20 | 2.50 | 2.5 | 0.667x |" in md
+    assert "## Peer: llama.cpp llama-server (this run)" in md
+    assert "llama-cpp-python 0.3.36 sdist" in md and "AMD EPYC (ISA: avx2, avx512f)" in md
+    assert "| prompt tokens (image included) | 140 | n/a |" in md
+    assert "| ms/token, server-side | 49.0 |  |" in md
+    assert "| peak RSS (GB) | 2.50 | 2.30 |" in md
 
 
 def test_markdown_has_targets_and_runtime_tables():
@@ -133,9 +190,11 @@ def test_table_shape():
 def test_large_measurements_render_without_exponents():
     r = results()
     r["service"]["int4"]["image_416"]["ms_per_token"] = 1007.3
+    r["service"]["int4"]["image_416"]["first_token_s"] = 123.4
     r["targets"] = [t.as_dict() for t in evaluate(r)]
     md = render(r)
-    assert "| 1007 ms | <= 40.5 ms | **not met** |" in md
+    assert "| first token, int4 service (absolute, this machine) | 123 s | <= 1.2 s | **not met** |" in md
+    assert "| ms per token, int4 service / llama-server (same run) | 20.1x | <= 1x | **not met** |" in md
     assert "e+" not in md
 
 

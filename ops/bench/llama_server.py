@@ -1,0 +1,167 @@
+"""llama.cpp's llama-server as the bench's peer: started on a free loopback port on a GGUF artifact
+(ops.llamacpp.gguf), waited for (/health, bounded), measured with the bench's own client (workload.chat_stream)
+and stopped by its PID on exit, also on an exception or Ctrl-C.
+
+The requests are the service's (same image, prompt, token count, streamed, timed at the client); the only extra
+body fields make llama-server do the same work as the service: ``cache_prompt: false`` (no reuse of an earlier
+request's KV cache) and ``temperature: 0`` (greedy, the service's default; llama-server's own default samples).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops.bench import workload
+from ops.bench.memory import memory_status, peak_rss_bytes
+from ops.bench.server import free_port
+
+# Body fields for llama-server beside the service's request (see the module doc).
+PEER_BODY = {"cache_prompt": False, "temperature": 0}
+CONTEXT = 4096  # enough for the 416-px image, the prompt and 64-512 new tokens
+TIMING_KEYS = ("prompt_n", "prompt_ms", "prompt_per_token_ms", "predicted_n", "predicted_ms",
+               "predicted_per_token_ms")
+
+
+@dataclass(frozen=True)
+class GgufFiles:
+    language_model: Path
+    mmproj: Path
+    manifest: dict
+
+
+def artifact_files(artifact: Path) -> GgufFiles:
+    """The language model and vision projector of a GGUF artifact, as its manifest names them."""
+    from service.manifest import read_manifest
+
+    manifest = read_manifest(artifact)
+    files = manifest.get("weight_format", {}).get("files", {})
+    if manifest.get("weight_format", {}).get("format") != "gguf" or not {"language_model", "mmproj"} <= set(files):
+        raise ValueError(f"{artifact} is not a GGUF artifact (make one with `vlfleet model.gguf`)")
+    return GgufFiles(artifact / files["language_model"], artifact / files["mmproj"], manifest)
+
+
+def threads() -> int:
+    """One per CPU in our affinity mask: what the service uses by default (VLFLEET_THREADS=0)."""
+    return len(os.sched_getaffinity(0))
+
+
+def server_command(binary: Path, files: GgufFiles, port: int, n_threads: int, ctx: int = CONTEXT) -> list[str]:
+    """llama-server on loopback, one slot (requests one at a time, like the service's serial engine), ``n_threads``
+    for prompt processing and for generation."""
+    return [str(binary), "-m", str(files.language_model), "--mmproj", str(files.mmproj),
+            "-t", str(n_threads), "-tb", str(n_threads), "-c", str(ctx), "-np", "1",
+            "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+
+
+def _die_with_parent() -> None:
+    # In the child between fork and exec: SIGKILL it if the bench dies without stopping it.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log: Path | None = None) -> None:
+    """Until /health answers 200 (503 while the model loads); RuntimeError if the server exits, TimeoutError."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"llama-server exited (code {proc.returncode}) before becoming ready\n{tail}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.25)
+    raise TimeoutError(f"llama-server not ready after {timeout:.0f}s (log: {log})")
+
+
+class LlamaServer:
+    """``with LlamaServer(binary, artifact, log) as s:`` starts llama-server, waits for /health, stops it on exit."""
+
+    def __init__(self, binary: Path, artifact: Path, log: Path, n_threads: int | None = None, ctx: int = CONTEXT,
+                 ready_timeout: float = 600):
+        self.binary, self.log, self.ready_timeout = Path(binary), Path(log), ready_timeout
+        self.files = artifact_files(Path(artifact))
+        self.n_threads = n_threads or threads()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = server_command(self.binary, self.files, self.port, self.n_threads, ctx)
+        self.proc: subprocess.Popen | None = None
+        self.cold_start_s: float | None = None
+
+    def __enter__(self) -> LlamaServer:
+        started = time.perf_counter()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent)
+        try:
+            wait_healthy(self.url, self.proc, self.ready_timeout, self.log)
+        except BaseException:
+            self.stop()
+            raise
+        self.cold_start_s = time.perf_counter() - started  # process start to /health 200: load weights, mmproj
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def peak_rss(self) -> int | None:
+        return peak_rss_bytes(self.proc.pid) if self.proc else None
+
+    def memory(self) -> dict[str, int | None]:
+        return memory_status(self.proc.pid) if self.proc else {}
+
+    def stop(self) -> None:
+        """SIGTERM to the PID we started, then SIGKILL after 30 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def answer(url: str, png: bytes, tokens: int, timeout: float = 600) -> workload.Answer:
+    """One answer from llama-server about ``png``: the bench's request and client, plus PEER_BODY."""
+    return workload.chat_stream(url, [workload.user_turn(png)], tokens, timeout, extra=PEER_BODY)
+
+
+def timing_medians(answers: list[workload.Answer]) -> dict[str, float]:
+    """Medians of llama-server's own timings over ``answers`` (the keys every answer reported)."""
+    out = {}
+    for key in TIMING_KEYS:
+        values = [a.server_timings[key] for a in answers if key in a.server_timings]
+        if values and len(values) == len(answers):
+            out[key] = statistics.median(values)
+    return out
+
+
+def measure(server: LlamaServer, runs: int, tokens: int, width: int = 416, height: int = 277, seed: int = 0,
+            say: Callable[[str], None] = print) -> dict:
+    """``runs`` answers, each about a fresh image (the seeds the service's int4 runs use), after one discarded
+    warm-up: the service's summary (client-timed), llama-server's own timings, prompt tokens, memory."""
+    answer(server.url, workload.test_image(width, height, seed=seed + 999), 8)
+    answers = []
+    for i in range(runs):
+        a = answer(server.url, workload.test_image(width, height, seed=seed + i), tokens)
+        answers.append(a)
+        s = a.sample
+        if s.tokens != tokens:
+            raise RuntimeError(f"llama-server answered {s.tokens} tokens, asked for {tokens} (ignore_eos)")
+        say(f"llama-server run {i + 1}/{runs}: first token {s.first_token_s:.2f}s, {s.ms_per_token:.1f} ms/token, "
+            f"{s.tokens} tokens, {a.prompt_tokens} prompt tokens")
+    summary = workload.summarize([a.sample for a in answers])
+    prompt = [a.prompt_tokens for a in answers if a.prompt_tokens is not None]
+    return {**summary, "server_timings": timing_medians(answers),
+            "prompt_tokens": statistics.median(prompt) if prompt else None}

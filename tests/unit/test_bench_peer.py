@@ -1,0 +1,161 @@
+"""The bench's llama-server peer without llama.cpp: its command line, its GGUF artifact's files, the timings in its
+stream, and the start/measure/stop cycle against a stand-in server that speaks the same protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ops.bench import llama_server, workload
+from ops.bench.suite import PeerInputs, Plan, measure_peer
+from ops.llamacpp.gguf import GgufParams, gguf_manifest
+from service import manifest as mf
+
+# A stand-in llama-server: /health, and a streamed chat completion shaped like llama-server's (content deltas, the
+# last one with finish_reason and timings, then a usage chunk with no choices). It records each request's body.
+FAKE_SERVER = r'''
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port = int(sys.argv[sys.argv.index("--port") + 1])
+bodies = sys.argv[0] + ".bodies"
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open(bodies, "a") as f:
+            f.write(json.dumps(body) + "\n")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        n = body["max_tokens"]
+        for i in range(n):
+            last = i == n - 1
+            chunk = {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "length" if last else None}]}
+            if last:
+                chunk["timings"] = {"prompt_n": 120, "prompt_ms": 900.5, "predicted_n": n,
+                                    "predicted_per_token_ms": 20.0, "note": "text is dropped"}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            time.sleep(0.002)
+        usage = {"choices": [], "usage": {"prompt_tokens": 120, "completion_tokens": n}}
+        self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def gguf_artifact(directory: Path) -> Path:
+    directory.mkdir()
+    params = GgufParams("Q4_0", "q8_0")
+    (directory / params.lm_file).write_bytes(b"GGUF" + bytes(64))
+    (directory / params.mmproj_file).write_bytes(b"GGUF" + bytes(32))
+    manifest = gguf_manifest(directory, origin={"kind": "dir", "uri": "/c", "revision": "sha256:0"}, params=params,
+                             tools={"llama-cpp-python": "0.3.36"}, pre_tokenizer=None)
+    mf.write_manifest(directory, manifest)
+    return directory
+
+
+@pytest.fixture
+def fake_binary(tmp_path: Path) -> Path:
+    script = tmp_path / "llama-server"
+    script.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+    script.chmod(0o755)
+    return script
+
+
+def test_command_line_is_loopback_one_slot_with_the_services_threads(tmp_path):
+    files = llama_server.artifact_files(gguf_artifact(tmp_path / "art"))
+    assert files.language_model.name == "language-model-Q4_0.gguf" and files.mmproj.name == "mmproj-q8_0.gguf"
+    cmd = llama_server.server_command(Path("/b/llama-server"), files, 8123, 2)
+    assert cmd[:5] == ["/b/llama-server", "-m", str(files.language_model), "--mmproj", str(files.mmproj)]
+    pairs = dict(zip(cmd[5::2], cmd[6::2], strict=False))
+    assert pairs["-t"] == pairs["-tb"] == "2" and pairs["-np"] == "1" and pairs["-c"] == "4096"
+    assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123"
+    assert cmd[-1] == "--no-webui"
+    assert llama_server.threads() == len(os.sched_getaffinity(0))
+
+
+def test_an_ir_artifact_is_not_taken_for_a_gguf_one(tmp_path):
+    art = tmp_path / "ir"
+    art.mkdir()
+    (art / "openvino_model.xml").write_text("<net/>")
+    mf.write_manifest(art, mf.build_manifest(art, source={}, weight_format={"weight_format": "int4"}, tools={},
+                                             min_runtime="2026.4"))
+    with pytest.raises(ValueError, match="is not a GGUF artifact"):
+        llama_server.artifact_files(art)
+
+
+def test_server_timings_keep_numbers_only():
+    assert workload.server_timings({"timings": {"prompt_ms": 12.5, "prompt_n": 7, "cache": True, "s": "x"}}) == {
+        "prompt_ms": 12.5, "prompt_n": 7}
+    assert workload.server_timings({"choices": []}) == {}
+    assert workload.server_timings({"timings": None}) == {}
+
+
+def test_timing_medians_need_every_answer_to_report_the_key():
+    def answer(**timings) -> workload.Answer:
+        return workload.Answer(workload.Sample(1.0, 2.0, 8), "", {}, 10, timings)
+
+    medians = llama_server.timing_medians([answer(prompt_ms=10.0, predicted_n=8), answer(prompt_ms=30.0),
+                                           answer(prompt_ms=20.0)])
+    assert medians == {"prompt_ms": 20.0}
+
+
+def test_llama_server_is_measured_with_the_bench_client_and_stopped(tmp_path, fake_binary):
+    art = gguf_artifact(tmp_path / "art")
+    plan = Plan(runs=2, tokens=6, log_dir=tmp_path / "logs")
+    said: list[str] = []
+    entry = measure_peer(PeerInputs(fake_binary, art, {"version": "0.3.36", "flags": ["-DGGML_NATIVE=ON"]}), plan,
+                         said.append)
+    summ = entry["image_416"]
+    assert summ["runs"] == 2 and summ["tokens"] == 6 and summ["prompt_tokens"] == 120
+    assert summ["server_timings"] == {"prompt_n": 120, "prompt_ms": 900.5, "predicted_n": 6,
+                                      "predicted_per_token_ms": 20.0}
+    assert entry["threads"] == len(os.sched_getaffinity(0)) and entry["cold_start_s"] > 0
+    assert entry["peak_rss_bytes"] > 0 and entry["command"][0] == "llama-server"
+    assert entry["artifact"]["artifact_id"] == mf.read_manifest(art)["artifact_id"]
+    assert entry["build"]["version"] == "0.3.36" and isinstance(entry["machine"]["isa"], list)
+    bodies = [json.loads(line) for line in Path(f"{fake_binary}.bodies").read_text().splitlines()]
+    assert [b["max_tokens"] for b in bodies] == [8, 6, 6]  # the warm-up, then the runs
+    for body in bodies:  # the service's request plus what makes llama-server do the same work
+        png = body["messages"][0]["content"][0]["image_url"]["url"]
+        assert set(body) == {"messages", "max_tokens", "ignore_eos", "stream", "stream_options", "cache_prompt",
+                             "temperature"}
+        assert {k: body[k] for k in ("ignore_eos", "stream", "cache_prompt", "temperature")} == {
+            "ignore_eos": True, "stream": True, "cache_prompt": False, "temperature": 0}
+        assert png.startswith("data:image/png;base64,")
+    assert bodies[1]["messages"] == [workload.user_turn(workload.test_image(416, 277, seed=0))]
+    assert bodies[2]["messages"] == [workload.user_turn(workload.test_image(416, 277, seed=1))]
+    assert any("llama-server run 2/2" in m for m in said)
+
+
+def test_the_server_is_stopped_by_pid_when_the_body_raises(tmp_path, fake_binary):
+    art = gguf_artifact(tmp_path / "art")
+    with pytest.raises(KeyboardInterrupt), llama_server.LlamaServer(fake_binary, art, tmp_path / "s.log") as s:
+        pid = s.proc.pid
+        raise KeyboardInterrupt
+    assert s.proc.returncode is not None
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
+    art = gguf_artifact(tmp_path / "art")
+    broken = tmp_path / "llama-server"
+    broken.write_text("#!/bin/sh\necho 'error: unknown argument: --no-webui' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    server = llama_server.LlamaServer(broken, art, tmp_path / "s.log", ready_timeout=30)
+    with pytest.raises(RuntimeError, match=r"(?s)exited \(code 1\) before becoming ready.*unknown argument"):
+        server.__enter__()
