@@ -99,6 +99,11 @@ FIELDS: tuple[Field, ...] = (
           "AVX512-BF16), the fastest first token. f32 decodes int4 weights about 25% faster per token on such CPUs but "
           "encodes images and prompts about 45% slower (measured: results/run2-per-token-streaming/bench.md, "
           "levers).", "auto, bf16 or f32"),
+    Field("lm_precision", _choice("auto", "bf16", "f32"), "auto",
+          "Compute precision of the language model alone (genai's MODEL_PROPERTIES), over VLFLEET_PRECISION: f32 "
+          "here with bf16 for the vision encoder keeps the fast image encode of bf16 and gives decode the int8 "
+          "dynamic-quantisation kernels, which need f32 activations (CPUs with VNNI). auto = as VLFLEET_PRECISION.",
+          "auto, bf16 or f32"),
     Field("http_threads", _int_range(2, 256), 16,
           "gunicorn threads in the one worker process (each open SSE stream holds one).", "an integer 2-256"),
     Field("queue_size", _int_range(1, 1024), 8,

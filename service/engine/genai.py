@@ -46,12 +46,15 @@ def generation_config(sampling: Sampling):
 
 
 def pipeline_properties(settings) -> dict[str, Any]:
-    """OpenVINO properties from the settings: threads, precision and the compiled-model cache."""
+    """OpenVINO properties from the settings: threads, precision (global, and the language model's own) and the
+    compiled-model cache."""
     properties: dict[str, Any] = {}
     if settings.threads:
         properties["INFERENCE_NUM_THREADS"] = settings.threads
     if settings.precision != "auto":
         properties["INFERENCE_PRECISION_HINT"] = settings.precision
+    if settings.lm_precision != "auto":
+        properties["MODEL_PROPERTIES"] = {"language_model": {"INFERENCE_PRECISION_HINT": settings.lm_precision}}
     if settings.model_cache_dir:
         Path(settings.model_cache_dir).mkdir(parents=True, exist_ok=True)
         properties["CACHE_DIR"] = str(settings.model_cache_dir)

@@ -31,10 +31,16 @@ def test_error_names_variable_and_allowed_values():
         load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_DEVICE": "GPU"})
 
 
+LM_F32 = {"language_model": {"INFERENCE_PRECISION_HINT": "f32"}}
+
+
 @pytest.mark.parametrize(("env", "expected"), [
     ({}, {}),
     ({"VLFLEET_PRECISION": "f32", "VLFLEET_THREADS": "2"}, {"INFERENCE_PRECISION_HINT": "f32",
                                                            "INFERENCE_NUM_THREADS": 2}),
+    ({"VLFLEET_LM_PRECISION": "f32"}, {"MODEL_PROPERTIES": LM_F32}),
+    ({"VLFLEET_PRECISION": "bf16", "VLFLEET_LM_PRECISION": "f32"}, {"INFERENCE_PRECISION_HINT": "bf16",
+                                                                   "MODEL_PROPERTIES": LM_F32}),
 ])
 def test_openvino_properties_come_from_the_settings(env, expected):
     from service.engine import pipeline_properties
