@@ -55,8 +55,10 @@ def main(argv: list[str]) -> None:
     converter = tree / "convert_hf_to_gguf.py"
     if not converter.is_file():
         raise SystemExit(f"hf_to_gguf.py: {converter} does not exist (fetch the source: vlfleet llamacpp.source)")
-    # The converter's own first steps: its package beside it, and its bundled gguf-py before any installed gguf.
-    sys.path[:0] = [str(tree), str(tree / "gguf-py")]
+    # Not this script's directory (its gguf.py would shadow the converter's gguf package); then the converter's
+    # own first steps: its package beside it, and its bundled gguf-py before any installed gguf.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [str(tree), str(tree / "gguf-py"), *(p for p in sys.path if Path(p or ".").resolve() != here)]
     if fallback:
         from conversion.base import TextModel
 
