@@ -11,6 +11,8 @@ import datetime as dt
 import resource
 from pathlib import Path
 
+import yaml
+
 from tests.e2e.hostcmd import sudo
 
 
@@ -41,9 +43,9 @@ def staging_waivers(hosts: dict[str, dict], path: Path) -> Path:
         # The controller's own hard limit caps nspawn containers' PID 1, so their services cannot get 65535.
         entries.append(_entry("SVC-NOFILE", containers, expires,
                               f"staging controller caps open files at {hard} for containers"))
-    path.write_text("\n".join(entries) + "\n")
+    path.write_text(yaml.safe_dump(entries, sort_keys=False))
     return path
 
 
-def _entry(check_id: str, hosts: list[str], expires: str, reason: str) -> str:
-    return f"- {{id: {check_id}, hosts: [{', '.join(hosts)}], expires: {expires}, reason: '{reason}'}}"
+def _entry(check_id: str, hosts: list[str], expires: str, reason: str) -> dict:
+    return {"id": check_id, "hosts": hosts, "expires": expires, "reason": reason}
