@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -140,11 +141,32 @@ def _same_inputs(manifest: Mapping[str, Any], origin: Mapping[str, Any], params:
             and manifest.get("tools") == dict(tools))
 
 
+_BAR = re.compile(r"^\s*([^:|]{1,40}):\s+(\d+)%\|")  # a tqdm progress line ("Writing:  45%|####  | 1.5G/3.4G")
+
+
+class _Echo:
+    """Passes a tool's output on, but a progress bar only every 10 % (tqdm redraws it hundreds of times)."""
+
+    def __init__(self) -> None:
+        self.shown: dict[str, int] = {}
+
+    def wanted(self, line: str) -> bool:
+        m = _BAR.match(line)
+        if not m:
+            return True
+        label, percent = m.group(1).strip(), int(m.group(2))
+        if percent < self.shown.get(label, -10) + 10 and percent != 100:
+            return False
+        self.shown[label] = percent
+        return True
+
+
 def _run(cmd: list[str], log: Path, echo: bool, timeout: float, what: str) -> str:
     """Run ``cmd`` with its output appended to ``log`` (and echoed unless quiet); its output as text."""
     from ops.model.convert import _die_with_parent
 
     lines: list[str] = []
+    shown = _Echo()
     with open(log, "a") as out:
         out.write(f"$ {' '.join(cmd)}\n")
         out.flush()
@@ -156,7 +178,7 @@ def _run(cmd: list[str], log: Path, echo: bool, timeout: float, what: str) -> st
             for line in proc.stdout:
                 out.write(line)
                 lines.append(line)
-                if echo:
+                if echo and shown.wanted(line):
                     sys.stderr.write(line)
                 if time.monotonic() > deadline:
                     raise GgufError(f"{what} did not finish in {timeout:.0f} s; stopped it (log: {log})")

@@ -210,3 +210,10 @@ def test_the_wrapper_falls_back_only_for_an_unknown_hash(capsys):
     assert capsys.readouterr().err == ""
     assert TextModel().get_vocab_base_pre("synthetic") == "qwen2"
     assert hf_to_gguf.FALLBACK_MARK + " 'qwen2'" in capsys.readouterr().err
+
+
+def test_progress_bars_are_echoed_every_ten_percent():
+    echo = gguf._Echo()
+    lines = [f"Writing:  {p}%|###   | {p}M/100M [00:01<00:01, 50Mbyte/s]" for p in (0, 3, 9, 10, 15, 20, 99, 100)]
+    assert [line for line in lines if echo.wanted(line)] == [lines[0], lines[3], lines[5], lines[6], lines[7]]
+    assert echo.wanted("INFO:hf-to-gguf:Model successfully exported to x.gguf")
