@@ -30,4 +30,5 @@ def isa(flags: str) -> list[str]:
 def describe(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     text = cpuinfo.read_text() if cpuinfo.is_file() else ""
     return {"cpu": cpuinfo_field(text, "model name") or platform.processor(),
-            "isa": isa(cpuinfo_field(text, "flags")), "cpus": len(os.sched_getaffinity(0))}
+            "isa": isa(cpuinfo_field(text, "flags")), "cpus": len(os.sched_getaffinity(0)),
+            "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg())}  # how quiet the machine was

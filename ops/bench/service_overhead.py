@@ -240,8 +240,11 @@ def measure(model: Path, runs: int = 5, tokens: int = 64, port: int | None = Non
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+    from ops.machine import describe
+
     result = {
         "benchmark": "service_overhead",
+        "machine": describe(),  # a ratio means little without the CPU it was measured on
         "model": str(model),
         "image": "416x277 PNG",
         "new_tokens": tokens,

@@ -101,8 +101,7 @@ def _machine() -> dict:
         except metadata.PackageNotFoundError:
             versions[pkg] = None
     return {**describe(), "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()), "python": platform.python_version(),
-            "versions": versions}
+            "python": platform.python_version(), "versions": versions}
 
 
 def _answers(url: str, plan: Plan, width: int, height: int, seed: int, say: Callable[[str], None],
