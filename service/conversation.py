@@ -12,7 +12,9 @@ from service.images import PreparedImage
 ROLES = ("system", "user", "assistant")
 
 # The runtime's image/video placeholders: the engine tags images itself, so a text may not carry one.
-_RESERVED_TAG = re.compile(r"<ov_genai_(?:image|video)_\d+>")
+# ASCII digits spelled out: the same regex in the API's JSON Schema (ECMA-262) means the same strings.
+RESERVED_TAG_PATTERN = r"<ov_genai_(?:image|video)_[0-9]+>"
+_RESERVED_TAG = re.compile(RESERVED_TAG_PATTERN)
 
 
 def reserved_tag(text: str) -> str | None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, g, request, send_from_directory
+from pydantic import ValidationError
 
 from service import sse
-from service.conversation import Conversation, Sampling, Turn, reserved_tag
+from service.api_models import ChatForm
+from service.conversation import Conversation, Sampling, Turn
 from service.engine import Done, Event, Failed, Started, Token
 from service.errors import APIError
 from service.images import prepare
+from service.request_errors import api_error
 from service.streaming import JobStream, sse_body
 
 bp = Blueprint("webui", __name__)
@@ -26,24 +29,10 @@ def chat():
     if request.mimetype != "multipart/form-data":
         raise APIError("POST /chat takes multipart/form-data with fields image (file), question and optional "
                        "session", 415, code="unsupported_media_type")
-    question = (request.form.get("question") or "").strip()
-    if not question:
-        raise APIError("'question' is empty; type a question about the image", param="question", code="empty_prompt")
-    if reserved_tag(question):
-        raise APIError(f"'question' contains {reserved_tag(question)}, a placeholder reserved for the runtime; "
-                       "attach the image as the 'image' file instead", param="question", code="reserved_tag")
-    session = request.form.get("session") or None
-    upload = request.files.get("image")
-    images = ()
-    if upload is not None and upload.filename != "":
-        images = (prepare(upload.read(settings.max_image_bytes + 1), state.image_limits, "image"),)
-    elif session is None:
-        raise APIError("attach an image (field 'image') or continue a conversation (field 'session')",
-                       param="image", code="missing_image")
-    raw_max = request.form.get("max_tokens") or str(settings.max_tokens)
-    if not raw_max.isdigit() or int(raw_max) < 1:
-        raise APIError("'max_tokens' must be a positive integer", param="max_tokens")
-    sampling = Sampling(max_tokens=min(int(raw_max), settings.max_tokens))
+    form = _form(settings.max_image_bytes)
+    images = (prepare(form.image, state.image_limits, "image"),) if form.image is not None else ()
+    sampling = Sampling(max_tokens=min(form.max_tokens or settings.max_tokens, settings.max_tokens))
+    question, session = form.question.strip(), form.session
     conversation = Conversation((Turn("user", question, images),), session=session, by_session=True)
     stream = JobStream(state.engine.submit(conversation, sampling, g.request_id), settings.queue_timeout,
                        state.metrics, started_at=g.started_at)
@@ -65,6 +54,18 @@ def chat():
 
     return Response(sse_body(stream, render, sse.KEEPALIVE), mimetype="text/event-stream",
                     headers={**sse.HEADERS, **headers})
+
+
+def _form(max_image_bytes: int) -> ChatForm:
+    """The form as a ChatForm; a file input left empty (no file name, as browsers send it) is absent."""
+    fields: dict = dict(request.form.items())
+    for name, upload in request.files.items():
+        if upload.filename != "":
+            fields[name] = upload.read(max_image_bytes + 1) if name == "image" else upload
+    try:
+        return ChatForm.model_validate(fields)
+    except ValidationError as e:
+        raise api_error(e, fields) from None
 
 
 def _timings(done: Done, stream: JobStream) -> dict:
