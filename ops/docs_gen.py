@@ -2,7 +2,7 @@
 
 - docs/configuration.md: the service's VLFLEET_* settings (service/settings.py FIELDS) and every role's inputs
   (roles/*/meta/argument_specs.yml);
-- docs/api.md: the HTTP API (service/openapi.py document());
+- docs/api.md: the HTTP API (service/openapi.py document(), generated from the pydantic models);
 - results/ci-timing.md: the wall time of a CI-like run (results/ci-timing.json, written by the suite's own timing
   hooks in tests/budget.py, and results/ci-run.json, written by .ci/run).
 
@@ -104,24 +104,69 @@ def configuration(root: Path) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def _name(ref: str) -> str:
+    return ref.rsplit("/", 1)[1]
+
+
+def _kind(prop: dict) -> str:
+    """A JSON Schema type in a few words; references link to their schema below."""
+    if "$ref" in prop:
+        return f"[{_name(prop['$ref'])}](#{_name(prop['$ref']).lower()})"
+    if "const" in prop:
+        return "const " + json.dumps(prop["const"])
+    if "enum" in prop:
+        return prop.get("type", "enum")
+    for key in ("anyOf", "oneOf"):
+        if key in prop:
+            return " or ".join(_kind(p) for p in prop[key])
+    if prop.get("type") == "array":
+        items = (prop.get("prefixItems") or [prop.get("items", {})])[0]
+        return f"list of {_kind(items)}"
+    kind = prop.get("type", "any")
+    return " or ".join(kind) if isinstance(kind, list) else kind
+
+
+def _notes(prop: dict) -> list[str]:
+    notes = []
+    for branch in [prop, *prop.get("anyOf", []), *prop.get("oneOf", [])]:
+        for key in ("format", "minimum", "maximum", "exclusiveMinimum", "minItems", "maxItems", "minLength",
+                    "pattern"):
+            if key in branch:
+                notes.append(f"{key} {branch[key]}")
+        if "enum" in branch:
+            notes.append("one of " + ", ".join(f"`{v}`" for v in branch["enum"]))
+    if "description" in prop:
+        notes.append(prop["description"])
+    return notes
+
+
 def _schema_fields(schema: dict) -> list[str]:
     rows = ["| Field | Type | Required | Notes |", "|---|---|---|---|"]
     required = set(schema.get("required", []))
     for name, prop in schema.get("properties", {}).items():
-        kind = prop.get("type") or ("const " + json.dumps(prop["const"]) if "const" in prop else
-                                    "enum" if "enum" in prop else "one of" if "oneOf" in prop else "object")
-        if isinstance(kind, list):
-            kind = " or ".join(kind)
-        notes = []
-        for key in ("minimum", "maximum", "exclusiveMinimum", "minItems", "maxItems"):
-            if key in prop:
-                notes.append(f"{key} {prop[key]}")
-        if "enum" in prop:
-            notes.append("one of " + ", ".join(f"`{v}`" for v in prop["enum"]))
-        if "description" in prop:
-            notes.append(prop["description"])
-        rows.append(f"| `{name}` | {_cell(kind)} | {'yes' if name in required else ''} | {_cell('; '.join(notes))} |")
+        rows.append(f"| `{name}` | {_cell(_kind(prop))} | {'yes' if name in required else ''} | "
+                    f"{_cell('; '.join(_notes(prop)))} |")
     return rows
+
+
+def _body(body: dict, schemas: dict) -> list[str]:
+    lines = []
+    for mime, media in body["content"].items():
+        schema = media["schema"]
+        named = f" [{_name(schema['$ref'])}](#{_name(schema['$ref']).lower()})" if "$ref" in schema else ""
+        lines += [f"Request body (`{mime}`{', required' if body.get('required') else ''}):{named}", ""]
+        lines += [*_schema_fields(schemas[_name(schema["$ref"])] if named else schema), ""]
+    return lines
+
+
+def _schema_section(name: str, schema: dict) -> list[str]:
+    lines = [f"### {name}", ""]
+    if "description" in schema:
+        lines += [_cell(schema["description"]), ""]
+    if "properties" in schema:
+        lines += [*_schema_fields(schema), ""]
+    return [*lines, "<details><summary>JSON Schema</summary>", "", "```json", json.dumps(schema, indent=2), "```", "",
+            "</details>", ""]
 
 
 def api(version: str | None = None) -> str:
@@ -129,13 +174,17 @@ def api(version: str | None = None) -> str:
     from service.openapi import document
 
     doc = document(version or __version__)
-    lines = [HEADER.format(source="service/openapi.py (document(); served live at GET /openapi.json)"),
+    schemas = doc["components"]["schemas"]
+    lines = [HEADER.format(source="service/openapi.py (document(); served live at GET /openapi.json) from the "
+                                  "pydantic models in service/api_models.py and service/api_responses.py"),
              f"# HTTP API reference ({doc['info']['title']} {doc['info']['version']})", "",
              _cell(doc["info"]["description"]), "",
              "The same document is served by every host at `GET /openapi.json` (OpenAPI "
-             f"{doc['openapi']}). Errors share one JSON shape: `{{\"error\": {{\"message\", \"type\", \"param\", "
-             "\"code\"}}` (schema `Error` below). When `VLFLEET_API_KEYS_FILE` is set, every endpoint but `/healthz` "
-             "and `/readyz` needs `Authorization: Bearer KEY` (401 when it is missing or wrong).", "",
+             f"{doc['openapi']}); requests are validated by the models it is generated from. Errors share one JSON "
+             "shape: `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}` (schema `Error` below); `param` "
+             "is the field at fault as a path such as `messages[0].content`. When `VLFLEET_API_KEYS_FILE` is set, "
+             "every endpoint but `/healthz` and `/readyz` needs `Authorization: Bearer KEY` (401 when it is missing "
+             "or wrong).", "",
              "| Method | Path | Summary |", "|---|---|---|"]
     ops = [(path, method, op) for path, item in doc["paths"].items() for method, op in item.items()]
     for path, method, op in ops:
@@ -143,19 +192,18 @@ def api(version: str | None = None) -> str:
     lines.append("")
     for path, method, op in ops:
         lines += [f"## {op['operationId']}", "", f"`{method.upper()} {path}`: {_cell(op['summary'])}", ""]
-        body = op.get("requestBody")
-        if body:
-            for mime, media in body["content"].items():
-                lines += [f"Request body (`{mime}`{', required' if body.get('required') else ''}):", ""]
-                lines += [*_schema_fields(media["schema"]), ""]
+        if op.get("requestBody"):
+            lines += _body(op["requestBody"], schemas)
         lines += ["Responses:", ""]
         for code, resp in op["responses"].items():
-            mimes = ", ".join(f"`{m}`" for m in resp.get("content", {}))
+            content = resp.get("content", {})
+            mimes = ", ".join(f"`{m}`" + (f" {_kind(c['schema'])}" if "$ref" in c["schema"] else "")
+                              for m, c in content.items())
             lines.append(f"- **{code}** {_cell(resp['description'])}" + (f" ({mimes})" if mimes else ""))
         lines.append("")
     lines += ["## Schemas", ""]
-    for name, schema in doc["components"]["schemas"].items():
-        lines += [f"### {name}", "", "```json", json.dumps(schema, indent=2), "```", ""]
+    for name, schema in schemas.items():
+        lines += _schema_section(name, schema)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -1,13 +1,20 @@
-"""The API's request models: a bad request gets one error in OpenAI's shape naming the field and the fix."""
+"""The API's request models: a bad request gets one error in OpenAI's shape naming the field and the fix, and the
+OpenAPI schema generated from the models accepts exactly what they accept."""
 
 from __future__ import annotations
 
+import copy
+import json
+import re
+
+import jsonschema_rs
 import pytest
 
 from service import openai_request
-from service.api_models import ChatForm
+from service.api_models import ChatCompletionRequest, ChatForm
 from service.conversation import Sampling
 from service.errors import APIError
+from service.openapi import document
 from service.request_errors import api_error
 
 ASK = {"role": "user", "content": "What is it?"}
@@ -114,6 +121,45 @@ def test_defaults_come_from_the_server():
     assert (parsed.stream, parsed.include_usage) == (False, False)
 
 
+def request_schema() -> jsonschema_rs.Validator:
+    doc = document("0", "m")
+    return jsonschema_rs.Draft202012Validator({"$ref": "#/components/schemas/ChatCompletionRequest",
+                                               "components": doc["components"]})
+
+
+def accepted(request_body) -> bool:
+    try:
+        parse(copy.deepcopy(request_body))
+    except APIError:
+        return False
+    return True
+
+
+# Each rule the schema states, kept and broken (the last message being the user's is the one it cannot state).
+AGREEMENT = [
+    body(), body(model="m"), body(model="gpt-9"), {"messages": []}, body(extra=1),
+    {"messages": [{"role": "user", "content": " "}]}, {"messages": [{"role": "user", "content": [IMAGE]}]},
+    {"messages": [{"role": "user", "content": [IMAGE, {"type": "text", "text": " "}]}]},
+    {"messages": [{"role": "system", "content": ""}, ASK]},
+    {"messages": [ASK, {"role": "system", "content": "x"}, ASK]},
+    {"messages": [{"role": "assistant", "content": [IMAGE]}, ASK]}, {"messages": [{"role": "user", "content": []}]},
+    {"messages": [{"role": "user", "content": "<ov_genai_video_12>"}]},
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "HTTPS://x"}}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///x"}}]}]},
+    body(stream_options={"include_usage": True}), body(stream=True, stream_options={"include_usage": True}),
+    body(stream_options=None), body(n=1), body(n=1.0), body(n=2), body(n=True), body(frequency_penalty=0.0),
+    body(frequency_penalty=1), body(max_tokens=5.0), body(max_tokens=5.5), body(max_tokens=2**31),
+    body(max_tokens=2**31 + 1), body(top_p=0), body(top_p=0.0001), body(seed=2**63 - 1), body(seed=2**63),
+    body(stop=""), body(stop=[]), body(stop=["a"] * 4), body(stop=["a"] * 5), body(stop=[""]), body(user=None),
+    body(user=3), body(ignore_eos=1), body(temperature=2), body(temperature=2.5),
+]
+
+
+@pytest.mark.parametrize("request_body", AGREEMENT, ids=range(len(AGREEMENT)))
+def test_the_schema_accepts_what_the_models_accept(request_body):
+    assert request_schema().is_valid(request_body) == accepted(request_body)
+
+
 def form_error(fields: dict) -> tuple[str | None, str | None, str]:
     try:
         ChatForm.model_validate(fields)
@@ -138,3 +184,13 @@ def form_error(fields: dict) -> tuple[str | None, str | None, str]:
 ])
 def test_chat_form(fields, expected):
     assert form_error(fields) == expected
+
+
+def test_the_document_is_generated_from_the_models():
+    schemas = document("0", "served-name")["components"]["schemas"]
+    request = schemas["ChatCompletionRequest"]
+    assert set(request["properties"]) == set(ChatCompletionRequest.model_fields)
+    assert request["properties"]["model"]["anyOf"][0] == {"type": "string", "enum": ["served-name"]}
+    assert set(schemas["ChatForm"]["properties"]) == set(ChatForm.model_fields)
+    refs = re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(schemas))
+    assert refs and set(refs) <= set(schemas)  # every reference resolves within the document
