@@ -51,7 +51,10 @@ def register(app: Flask) -> None:
             if getattr(e, "valid_methods", None) else "method not allowed here",
             413: "request body too large; send a smaller image or raise VLFLEET_MAX_BODY_BYTES",
         }.get(e.code or 500, e.description or e.name)
-        return _api_error(APIError(message, e.code or 500, code=(e.name or "error").lower().replace(" ", "_")))
+        # Werkzeug's own headers stay (a 405's Allow lists the methods, as RFC 9110 asks).
+        headers = {k: v for k, v in e.get_headers() if k.lower() != "content-type"}
+        return _api_error(APIError(message, e.code or 500, code=(e.name or "error").lower().replace(" ", "_"),
+                                   headers=headers))
 
     @app.errorhandler(Exception)
     def _unexpected(e: Exception):
