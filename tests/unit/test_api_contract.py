@@ -9,8 +9,9 @@ import re
 
 import jsonschema_rs
 import pytest
+from flask import Flask
 
-from service import openai_request
+from service import errors, openai_request
 from service.api_models import ChatCompletionRequest, ChatForm
 from service.conversation import Sampling
 from service.errors import APIError
@@ -194,3 +195,12 @@ def test_the_document_is_generated_from_the_models():
     assert set(schemas["ChatForm"]["properties"]) == set(ChatForm.model_fields)
     refs = re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(schemas))
     assert refs and set(refs) <= set(schemas)  # every reference resolves within the document
+
+
+def test_a_405_names_the_methods_allowed():
+    app = Flask(__name__)
+    errors.register(app)
+    app.add_url_rule("/x", "x", lambda: "ok", methods=["POST"])
+    answer = app.test_client().get("/x")
+    assert (answer.status_code, answer.json["error"]["code"]) == (405, "method_not_allowed")
+    assert set(answer.headers["Allow"].split(", ")) == {"POST", "OPTIONS"}
