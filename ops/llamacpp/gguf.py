@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.llamacpp import source as source_mod
+from ops.model.publish import publish
 from service import manifest as mf
 
 WRAPPER = Path(__file__).with_name("hf_to_gguf.py")
@@ -260,16 +261,8 @@ def convert(source: Path, out: Path, params: GgufParams, *, quantize: Path | Non
             _log(quiet, f"converted in {time.monotonic() - started:.0f} s; hashing files for the manifest")
             manifest = gguf_manifest(tmp, origin=origin, params=params, tools=tools, pre_tokenizer=used_fallback)
             mf.write_manifest(tmp, manifest)
-            if out.exists():
-                existing_id = mf.read_manifest(out)["artifact_id"]
-                if existing_id != manifest["artifact_id"]:
-                    raise FileExistsError(
-                        f"{out} already holds artifact {existing_id}, and this conversion produced different "
-                        f"content ({manifest['artifact_id']}); refusing to overwrite it. Remove {out} or choose "
-                        "another --out")
-                _log(quiet, f"{out} already holds the same content (artifact {existing_id}); kept it")
+            if not publish(tmp, out, manifest, lambda msg: _log(quiet, msg)):
                 return out
-            tmp.rename(out)
             sizes = ", ".join(f"{n} {e['size'] / 1e9:.2f} GB" for n, e in manifest["files"].items())
             _log(quiet, f"GGUF artifact {manifest['artifact_id']} ({sizes}) written to {out} in "
                         f"{time.monotonic() - started:.0f} s")

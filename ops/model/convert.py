@@ -24,6 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from ops.model.publish import publish
 from service import manifest as mf
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16")
@@ -207,16 +208,8 @@ def convert(source: Path, out: Path, params: ConvertParams, quiet: bool = False,
             manifest = mf.build_manifest(tmp, source=origin, weight_format=params.describe(), tools=tools,
                                          min_runtime=min_runtime(tools["openvino"]), files=files)
             mf.write_manifest(tmp, manifest)
-            if out.exists():
-                existing_id = mf.read_manifest(out)["artifact_id"]
-                if existing_id != manifest["artifact_id"]:
-                    raise FileExistsError(
-                        f"{out} already holds artifact {existing_id}, and this conversion produced different "
-                        f"content ({manifest['artifact_id']}); refusing to overwrite it. Remove {out} or choose "
-                        "another --out")
-                _log(quiet, f"{out} already holds the same content (artifact {existing_id}); kept it")
+            if not publish(tmp, out, manifest, lambda msg: _log(quiet, msg)):
                 return out
-            tmp.rename(out)
             _log(quiet, f"artifact {manifest['artifact_id']} ({_gb(manifest['total_size'])}, {len(files)} files) "
                         f"written to {out} in {time.monotonic() - started:.0f} s")
         finally:
