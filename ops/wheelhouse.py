@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ops.paths import cache_root, locked, repo_root
+from service.manifest import sha256_file
 
 PYTHONS = ("3.10", "3.11", "3.12")
 # Ubuntu 22.04 ships glibc 2.35: its hosts take any manylinux_2_x wheel with x <= 35.
@@ -138,14 +139,6 @@ def code_hash(root: Path | None = None) -> str:
     return h.hexdigest()[:16]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _key(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
@@ -257,7 +250,7 @@ def _assemble(target: Target, pins: list[str], cached: Path, key: str, quiet: bo
 def write_index(directory: Path, target: Target, key: str) -> dict:
     """requirements.txt (every wheel, ==version and --hash) and wheelhouse.json (what is in it)."""
     wheels = sorted(directory.glob("*.whl"))
-    files = {w.name: {"size": w.stat().st_size, "sha256": _sha256(w)} for w in wheels}
+    files = {w.name: {"size": w.stat().st_size, "sha256": sha256_file(w)} for w in wheels}
     lines = [f"# Host runtime for Python {target.python} on {target.platform}. Install with:",
              "#   pip install --no-index --find-links DIR --require-hashes -r DIR/requirements.txt"]
     lines += [f"{_requirement(w)} --hash=sha256:{files[w.name]['sha256']}" for w in wheels]

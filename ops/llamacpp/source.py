@@ -6,7 +6,6 @@ pinned here, and unpacked once. The tree is what ``build.py`` compiles and what 
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ops.paths import cache_root, locked
+from service.manifest import sha256_file as sha256_of
 
 PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
@@ -54,14 +54,6 @@ def download_command(version: str, dest: Path) -> list[str]:
     """pip download of the sdist alone: no dependencies, never a wheel (a wheel has no llama.cpp sources)."""
     return [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
             f"{PACKAGE}=={version}", "-d", str(dest)]
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_sdist(path: Path, version: str) -> str:
