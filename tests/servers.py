@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from ops.process import terminate
 
 
 def free_port() -> int:
@@ -78,13 +79,7 @@ class Server:
         raise TimeoutError(f"service not ready after {timeout}s:\n{self.log()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc, 40)
 
 
 def start(model: Path, log_dir: Path, wait: bool = True, **env: str) -> Server:

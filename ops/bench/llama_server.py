@@ -23,6 +23,7 @@ from pathlib import Path
 from ops.bench import workload
 from ops.bench.memory import memory_status, peak_rss_bytes
 from ops.bench.server import free_port
+from ops.process import terminate
 
 # Body fields for llama-server beside the service's request (see the module doc).
 PEER_BODY = {"cache_prompt": False, "temperature": 0}
@@ -122,14 +123,7 @@ class LlamaServer:
 
     def stop(self) -> None:
         """SIGTERM to the PID we started, then SIGKILL after 30 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        terminate(self.proc, 30)
 
 
 def answer(url: str, png: bytes, tokens: int, timeout: float = 600) -> workload.Answer:

@@ -4,7 +4,6 @@ and the peak RSS of the process that holds the model."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 from ops.bench.memory import children, memory_status, peak_rss_bytes
+from ops.process import terminate
 
 # Benchmarks measure generation: repeated prompts must not be answered from the answer cache.
 BENCH_ENV = {"VLFLEET_MAX_TOKENS": "4096", "VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_QUEUE_SIZE": "32",
@@ -104,11 +104,4 @@ class Server:
         return memory_status(worker) if worker else {}
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        terminate(self.proc, 60)

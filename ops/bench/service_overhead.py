@@ -27,7 +27,6 @@ import functools
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from typing import IO, Any
 from ops.bench import workload
 from ops.bench.server import free_port, service_env, start_service, wait_ready
 from ops.bench.stats import TOLERANCE, compare
+from ops.process import terminate
 
 METRICS = ("first_token_s", "ms_per_token")
 
@@ -237,9 +237,7 @@ def measure(model: Path, runs: int = 5, tokens: int = 64, port: int | None = Non
                   f"{http[-1].ms_per_token:.1f} ms/token", flush=True)
     finally:
         side.stop()
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+        terminate(proc, 60)
     from ops.machine import describe
 
     result = {
