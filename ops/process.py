@@ -1,9 +1,27 @@
-"""Stopping a child process we started: SIGTERM to its PID, a grace period, then SIGKILL (never by name)."""
+"""Child processes we start: they die with us, and we stop them by their PID (never by name).
+
+SIGTERM to its PID, a grace period, then SIGKILL; a child armed with ``die_with_parent`` also gets a signal from
+the kernel when the process that started it dies without stopping it (PR_SET_PDEATHSIG), so a killed convert or
+bench leaves no orphan behind. ``sigterm_as_interrupt`` makes SIGTERM unwind like Ctrl-C, so ``finally`` blocks and
+context managers stop the children and keep what was measured.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets ``sig`` when its parent (the thread that started it) goes away."""
+    def arm() -> None:  # runs in the child between fork and exec
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    return arm
 
 
 def terminate(proc: subprocess.Popen | None, grace: float = 30.0) -> None:
@@ -16,3 +34,16 @@ def terminate(proc: subprocess.Popen | None, grace: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside: SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -10,9 +10,7 @@ request's KV cache) and ``temperature: 0`` (greedy, the service's default; llama
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import signal
 import statistics
 import subprocess
 import time
@@ -23,7 +21,7 @@ from pathlib import Path
 from ops.bench import workload
 from ops.bench.memory import memory_status, peak_rss_bytes
 from ops.bench.server import free_port
-from ops.process import terminate
+from ops.process import die_with_parent, terminate
 
 # Body fields for llama-server beside the service's request (see the module doc).
 PEER_BODY = {"cache_prompt": False, "temperature": 0}
@@ -63,11 +61,6 @@ def server_command(binary: Path, files: GgufFiles, port: int, n_threads: int, ct
             "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
 
 
-def _die_with_parent() -> None:
-    # In the child between fork and exec: SIGKILL it if the bench dies without stopping it.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log: Path | None = None) -> None:
     """Until /health answers 200 (503 while the model loads); RuntimeError if the server exits, TimeoutError."""
     import requests
@@ -103,7 +96,7 @@ class LlamaServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=die_with_parent())
         try:
             wait_healthy(self.url, self.proc, self.ready_timeout, self.log)
         except BaseException:

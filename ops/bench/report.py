@@ -124,6 +124,9 @@ def render(results: dict, charts: list[str] | None = None) -> str:
                f"{meta.get('tokens', '?')} new tokens (fixed, greedy), image {meta.get('image', '416x277')}, "
                f"medians of {meta.get('runs', '?')} runs. Ratios are within this run; absolute times are context.")
     out.append("")
+    if meta.get("interrupted_in"):
+        out += [f"**Interrupted** in section `{meta['interrupted_in']}`: it and the sections after it are missing or "
+                "incomplete; what is below was measured before the interrupt.", ""]
     targets = [Target(**{k: v for k, v in t.items() if k != "met"}) for t in results.get("targets", [])]
     if targets:
         s = summary(targets)

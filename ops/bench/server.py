@@ -4,6 +4,7 @@ and the peak RSS of the process that holds the model."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from ops.bench.memory import children, memory_status, peak_rss_bytes
-from ops.process import terminate
+from ops.process import die_with_parent, terminate
 
 # Benchmarks measure generation: repeated prompts must not be answered from the answer cache.
 BENCH_ENV = {"VLFLEET_MAX_TOKENS": "4096", "VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_QUEUE_SIZE": "32",
@@ -42,8 +43,10 @@ def model_size(png: bytes, model: Path, env: dict[str, str] | None = None) -> tu
 def start_service(model: Path, port: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     vlfleet = Path(sys.executable).with_name("vlfleet")
     with open(log, "wb") as out:
+        # SIGTERM, not SIGKILL, if the bench dies: gunicorn then stops its worker (which holds the model) too.
         return subprocess.Popen([str(vlfleet), "serve", "--model", str(model), "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, env=service_env(env))
+                                stdout=out, stderr=subprocess.STDOUT, env=service_env(env),
+                                preexec_fn=die_with_parent(signal.SIGTERM))
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900, log: Path | None = None) -> None:

@@ -305,13 +305,21 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
     def levers() -> None:
         results["levers"] = lever_ab(plan, artifact, say)
 
-    section("machine", machine)
-    section("baselines", baselines)
-    section("int8", int8)
-    section("int4", int4)
-    section("overhead", overhead)
-    section("peer", peer)
-    section("levers", levers)
+    steps = (("machine", machine), ("baselines", baselines), ("int8", int8), ("int4", int4),
+             ("overhead", overhead), ("peer", peer), ("levers", levers))
+    try:
+        for name, fn in steps:
+            section(name, fn)
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: the servers of the section have been stopped on the way out; keep what was measured.
+        results["meta"]["interrupted_in"] = name
+        say(f"interrupted in {name}: writing what was measured so far")
+        _finish(results, plan, say)
+        raise
+    return _finish(results, plan, say)
+
+
+def _finish(results: dict, plan: Plan, say: Progress) -> dict:
     results["targets"] = [t.as_dict() for t in targets.evaluate(results)]
     results["meta"]["elapsed_s"] = time.monotonic() - say.started
     write(results, plan.out)

@@ -35,6 +35,7 @@ from typing import Any
 
 from ops.llamacpp import source as source_mod
 from ops.model.publish import publish
+from ops.process import die_with_parent
 from service import manifest as mf
 
 WRAPPER = Path(__file__).with_name("hf_to_gguf.py")
@@ -164,7 +165,6 @@ class _Echo:
 
 def _run(cmd: list[str], log: Path, echo: bool, timeout: float, what: str) -> str:
     """Run ``cmd`` with its output appended to ``log`` (and echoed unless quiet); its output as text."""
-    from ops.model.convert import _die_with_parent
 
     lines: list[str] = []
     shown = _Echo()
@@ -172,7 +172,7 @@ def _run(cmd: list[str], log: Path, echo: bool, timeout: float, what: str) -> st
         out.write(f"$ {' '.join(cmd)}\n")
         out.flush()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent())
         deadline = time.monotonic() + timeout
         try:
             assert proc.stdout is not None

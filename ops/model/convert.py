@@ -10,11 +10,9 @@ with different content is refused.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.model.publish import publish
+from ops.process import die_with_parent
 from service import manifest as mf
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16")
@@ -141,11 +140,6 @@ def describe_source(source: Path) -> dict[str, Any]:
     return {"kind": "dir", "uri": str(source), "revision": "sha256:" + mf.content_digest(mf.scan(source))}
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: SIGKILL it when the converting process goes away.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
 @contextlib.contextmanager
 def _locked(out: Path) -> Iterator[None]:
     # Serialises converts to one destination (parallel test sessions share the cache).
@@ -201,7 +195,7 @@ def convert(source: Path, out: Path, params: ConvertParams, quiet: bool = False,
             started = time.monotonic()
             _log(quiet, f"exporting {source} -> {out} ({params.label()}) with optimum-cli; this takes minutes "
                         "for a 2B model")
-            subprocess.run(export_command(source, tmp, params), check=True, preexec_fn=_die_with_parent,
+            subprocess.run(export_command(source, tmp, params), check=True, preexec_fn=die_with_parent(),
                            stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.STDOUT if quiet else None)
             _log(quiet, f"export finished in {time.monotonic() - started:.0f} s; hashing files for the manifest")
             files = mf.scan(tmp)

@@ -57,7 +57,13 @@ def run(c, only=None, quick=False, runs=None, tokens=64, out=None):
         raise Exit("--runs must be >= 1 and --tokens >= 2 (ms/token needs two tokens)")
     print(f"[bench] sections: {', '.join(plan.sections)}; {plan.runs} runs, {plan.tokens} tokens; "
           f"logs in {plan.log_dir}; preparing 2b-shape artifacts (cached after the first build)", flush=True)
-    results = run_suite(plan, _artifact, _checkpoint, _peer)
+    from ops.process import sigterm_as_interrupt
+
+    try:
+        with sigterm_as_interrupt():
+            results = run_suite(plan, _artifact, _checkpoint, _peer)
+    except KeyboardInterrupt:
+        raise Exit(f"interrupted: what was measured so far is in {target}/bench.json and bench.md", code=130) from None
     failed = results.get("errors") or {}
     if failed:
         raise Exit(f"sections failed: {', '.join(failed)}; see {target}/bench.md and the logs in {plan.log_dir}")
