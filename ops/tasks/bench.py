@@ -11,13 +11,13 @@ def _artifact(weight_format: str) -> Path:
     from ops.model.cache import artifact
     from ops.model.convert import ConvertParams
 
-    return artifact("2b", ConvertParams(weight_format))
+    return artifact("2b", ConvertParams(weight_format), quiet=False)  # minutes on first use: show progress
 
 
 def _checkpoint() -> Path:
     from ops.model.cache import checkpoint
 
-    return checkpoint("2b")
+    return checkpoint("2b", quiet=False)
 
 
 def _peer():
