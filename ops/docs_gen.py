@@ -190,6 +190,7 @@ def api(version: str | None = None) -> str:
     for path, method, op in ops:
         lines.append(f"| {method.upper()} | [`{path}`](#{op['operationId'].lower()}) | {_cell(op['summary'])} |")
     lines.append("")
+    lines += limits()
     for path, method, op in ops:
         lines += [f"## {op['operationId']}", "", f"`{method.upper()} {path}`: {_cell(op['summary'])}", ""]
         if op.get("requestBody"):
@@ -205,6 +206,26 @@ def api(version: str | None = None) -> str:
     for name, schema in schemas.items():
         lines += _schema_section(name, schema)
     return "\n".join(lines).rstrip() + "\n"
+
+
+LIMITS = ("max_input_tokens", "max_turns", "max_conversation_images", "max_images", "max_tokens", "image_max_side",
+          "image_max_side_low", "image_max_side_high", "max_image_bytes", "max_image_pixels", "max_body_bytes",
+          "queue_size", "queue_timeout")
+
+
+def limits() -> list[str]:
+    """What one request may ask, and why: the settings that bound it, with their defaults (from service/settings.py)."""
+    from service.settings import FIELDS
+
+    fields = {f.name: f for f in FIELDS}
+    lines = ["## Limits", "",
+             "One inference thread serves every client, so what a single request may ask is bounded: a prompt "
+             "over a limit is refused at the door with a 400 (413 for bodies and images, 429 or 503 when the queue "
+             "is full or slow) whose message names the limit, the setting and the count, before it takes a queue "
+             "slot. Each is a `VLFLEET_*` setting ([configuration.md](configuration.md)).", "",
+             "| Setting | Default | Why |", "|---|---|---|"]
+    lines += [f"| `{fields[n].env}` | {_default(fields[n].default)} | {_cell(fields[n].help)} |" for n in LIMITS]
+    return [*lines, ""]
 
 
 def ci_timing(root: Path) -> str:

@@ -34,7 +34,10 @@ class ImageURL(Shape):
     url: matching(r"^(data:|[Hh][Tt][Tt][Pp][Ss]?://)", "invalid_image_url", "must be a data: URL like "
                   "'data:image/png;base64,...' (or an http(s) URL from an allowed domain)",
                   description="data:image/...;base64,... (http(s) only from VLFLEET_IMAGE_URL_DOMAINS)")
-    detail: str | None = Field(None, description="accepted and ignored: images are scaled to VLFLEET_IMAGE_MAX_SIDE")
+    detail: Literal["auto", "low", "high"] | None = Field(
+        None, description="the image's token budget: low scales its long side to VLFLEET_IMAGE_MAX_SIDE_LOW (scene "
+                          "questions), high to VLFLEET_IMAGE_MAX_SIDE_HIGH (reading text), auto (the default) to "
+                          "VLFLEET_IMAGE_MAX_SIDE")
 
 
 class ImagePart(Shape):
@@ -171,6 +174,8 @@ class ChatForm(Shape):
     session: NonEmpty | SkipJsonSchema[None] = leave_out("the session of the previous done event: continue that "
                                                          "conversation (its image need not be sent again)")
     max_tokens: Count | SkipJsonSchema[None] = leave_out("capped at the server's VLFLEET_MAX_TOKENS (its default)")
+    detail: Literal["auto", "low", "high"] | SkipJsonSchema[None] = leave_out(
+        "the image's token budget, as image_url.detail of /v1/chat/completions (default auto)")
 
     @model_validator(mode="after")
     def _image_or_session(self) -> ChatForm:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
@@ -28,7 +27,7 @@ class State:
     settings: Settings
     engine: Engine
     metrics: Metrics
-    image_limits: ImageLimits
+    image_limits: dict[str, ImageLimits]  # by OpenAI image detail: auto, low, high
     api_keys: tuple[bytes, ...]
     artifact_id: str | None
     started: float = field(default_factory=time.monotonic)
@@ -43,7 +42,7 @@ def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = T
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     metrics = Metrics()
-    limits = ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.image_max_side)
+    limits = image_source.limits_by_detail(settings)
     artifact_id = _artifact_id(settings)
     limit_mb = settings.memory_limit_mb
     guard = MemoryGuard(limit_mb * 2**20 if limit_mb else cgroup_memory_high(), settings.memory_high_water,
@@ -51,7 +50,7 @@ def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = T
     engine = make_engine(settings, metrics, pipeline_factory, model_id=artifact_id or "", memory=guard)
     guard.on_trim = engine.trim
     state = State(settings, engine, metrics, limits, auth.load_keys(settings.api_keys_file), artifact_id)
-    state.load_image = functools.partial(_load_image, limits=limits, domains=settings.image_url_domains)
+    state.load_image = image_source.loader(settings)
     metrics.model.info({"model": settings.model_name, "artifact_id": state.artifact_id or "",
                         "release_id": settings.release_id, "model_dir": str(settings.model_dir)})
     app.extensions["vlfleet"] = state
@@ -66,10 +65,6 @@ def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = T
         guard.start()
         state.engine.start()
     return app
-
-
-def _load_image(url: str, param: str, limits: ImageLimits, domains: tuple[str, ...]):
-    return image_source.load(url, param, limits, domains)
 
 
 def _artifact_id(settings: Settings) -> str | None:

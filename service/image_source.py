@@ -10,12 +10,27 @@ import http.client
 import ipaddress
 import socket
 import ssl
+from collections.abc import Callable
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from service.errors import APIError
 from service.images import ImageLimits, PreparedImage, decode_data_url, prepare
 
 FETCH_TIMEOUT_S = 5.0
+
+
+def limits_by_detail(settings) -> dict[str, ImageLimits]:
+    """The image limits for each OpenAI ``detail`` (auto, low, high): the same guards, a different long side."""
+    auto = ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.image_max_side)
+    return {"auto": auto, "low": replace(auto, max_side=settings.image_max_side_low),
+            "high": replace(auto, max_side=settings.image_max_side_high)}
+
+
+def loader(settings) -> Callable[[str, str, str | None], PreparedImage]:
+    """``load_image(url, param, detail)`` as the service applies it to every image_url of a request."""
+    limits, domains = limits_by_detail(settings), settings.image_url_domains
+    return lambda url, param, detail=None: load(url, param, limits[detail or "auto"], domains)
 
 
 def load(url: str, param: str, limits: ImageLimits, allowed_domains: tuple[str, ...]) -> PreparedImage:

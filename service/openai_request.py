@@ -46,8 +46,8 @@ class ChatRequest:
 
 
 def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,
-          load_image: Callable[[str, str], PreparedImage]) -> ChatRequest:
-    """``load_image(url, param)`` turns an image_url into a PreparedImage (or raises APIError)."""
+          load_image: Callable[[str, str, str | None], PreparedImage]) -> ChatRequest:
+    """``load_image(url, param, detail)`` turns an image_url into a PreparedImage (or raises APIError)."""
     request = validate(body)
     if request.model not in (None, model_name):
         raise APIError(f"model '{request.model}' is not served here; use '{model_name}' (see /v1/models)", 404,
@@ -87,7 +87,8 @@ def _turns(request: ChatCompletionRequest, max_images: int, load_image) -> tuple
                        param="messages", code="too_many_images")
     turns = []
     for i, message in enumerate(request.messages):
-        loaded = [load_image(image.url, f"messages[{i}].content[{j}].image_url") for j, image in images(message)]
+        loaded = [load_image(image.url, f"messages[{i}].content[{j}].image_url", image.detail)
+                  for j, image in images(message)]
         turns.append(Turn(message.role, text(message), tuple(loaded)))
     return tuple(turns)
 

@@ -114,13 +114,21 @@ FIELDS: tuple[Field, ...] = (
     Field("max_tokens", _int_range(1, 32768), 128,
           "Server maximum for max_tokens/max_completion_tokens (and the default).", "an integer 1-32768"),
     Field("image_max_side", _int_range(0, 8192), 448,
-          "Images are downscaled so the long side is at most this many pixels (aspect kept); 0 = off.",
+          "Images are downscaled so the long side is at most this many pixels (aspect kept); 0 = off. The budget "
+          "of an image sent with detail \"auto\" (or none): image tokens dominate the time to first token.",
           "an integer 0-8192"),
+    Field("image_max_side_low", _int_range(0, 8192), 224,
+          "The long side of an image sent with detail \"low\": a quarter of the default's tokens, for questions "
+          "about the whole scene.", "an integer 0-8192"),
+    Field("image_max_side_high", _int_range(0, 8192), 896,
+          "The long side of an image sent with detail \"high\": four times the default's tokens, for reading "
+          "small text; 0 = the image as sent.", "an integer 0-8192"),
     Field("max_images", _int_range(1, 16), 4, "Images allowed in one request.", "an integer 1-16"),
     Field("max_input_tokens", _int_range(16, 262144), 4096,
           "Largest prompt accepted, in tokens (text and images, the whole conversation): one prompt must not hold "
-          "the single inference thread for minutes. Prefill runs at roughly 1-4 ms per token on 2 cores, so 4096 "
-          "is seconds, and the KV cache (VLFLEET_KV_CACHE_GB) holds many times that.", "an integer 16-262144"),
+          "the single inference thread for minutes (prefill time grows with every token). The default holds a "
+          "long conversation with its images; the KV cache (VLFLEET_KV_CACHE_GB) holds many times that.",
+          "an integer 16-262144"),
     Field("max_turns", _int_range(1, 1024), 32, "Most user turns in one conversation.", "an integer 1-1024"),
     Field("max_conversation_images", _int_range(1, 256), 8,
           "Most images in one conversation, its earlier turns included.", "an integer 1-256"),

@@ -30,7 +30,8 @@ def chat():
         raise APIError("POST /chat takes multipart/form-data with fields image (file), question and optional "
                        "session", 415, code="unsupported_media_type")
     form = _form(settings.max_image_bytes)
-    images = (prepare(form.image, state.image_limits, "image"),) if form.image is not None else ()
+    limits = state.image_limits[form.detail or "auto"]
+    images = (prepare(form.image, limits, "image"),) if form.image is not None else ()
     sampling = Sampling(max_tokens=min(form.max_tokens or settings.max_tokens, settings.max_tokens))
     question, session = form.question.strip(), form.session
     conversation = Conversation((Turn("user", question, images),), session=session, by_session=True)

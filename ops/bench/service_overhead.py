@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import functools
 import json
 import os
 import queue
@@ -55,13 +54,12 @@ class InProcess:
     def __init__(self, model: Path, environ: dict[str, str] | None = None):
         from service import image_source
         from service.engine import load_pipeline
-        from service.images import ImageLimits
         from service.settings import load
 
         self.settings = load(os.environ if environ is None else environ, model_dir=model)
         s = self.settings
-        self.limits = ImageLimits(s.max_image_bytes, s.max_image_pixels, s.image_max_side)
-        self._load_image = functools.partial(image_source.load, limits=self.limits, allowed_domains=())
+        self.limits = image_source.limits_by_detail(s)["auto"]
+        self._load_image = image_source.loader(s)  # as the service loads a request's images
         self.pipe = load_pipeline(s)
         self.tokenizer = self.pipe.get_tokenizer()
 

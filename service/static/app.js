@@ -46,6 +46,7 @@ async function* sseEvents(response) {
 async function ask(question) {
   const form = new FormData();
   form.append("question", question);
+  form.append("detail", $("detail").value);
   if (session) form.append("session", session);
   form.append("image", image);  // sent again so an expired session still has its image
   addEntry("user", question);

@@ -33,6 +33,9 @@ def test_upload_ask_stream_and_follow_up(browser, service, tmp_path):
     page.set_input_files("#file", str(image))
     page.wait_for_selector("#preview", state="visible", timeout=15000)  # the file is read asynchronously
 
+    # The image budget is the client's choice, as image_url.detail is on the API.
+    assert page.locator("#detail option").evaluate_all("os => os.map(o => o.value)") == ["auto", "low", "high"]
+    page.select_option("#detail", "low")
     page.fill("#question", "What is in this image?")
     page.click("#send")
     page.wait_for_selector("#stats[data-first-token]", timeout=60000)

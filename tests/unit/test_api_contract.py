@@ -23,7 +23,7 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}
 
 
 def parse(body):
-    return openai_request.parse(body, "m", 128, 4, lambda url, param: (url, param))
+    return openai_request.parse(body, "m", 128, 4, lambda url, param, detail: (url, param))
 
 
 def refusal(body) -> tuple[int, str | None, str | None, str]:

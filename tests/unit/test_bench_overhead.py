@@ -72,7 +72,7 @@ def test_in_process_side_gets_the_services_sampling():
     limits = ImageLimits(10 * 2**20, 40_000_000, 448)
     png = workload.test_image(32, 24, seed=3)
     parsed = openai_request.parse(request_body(png, 64), "m", 4096, 4,
-                                  lambda url, param: prepare(png, limits, param))
+                                  lambda url, param, detail: prepare(png, limits, param))
     assert parsed.sampling == Sampling(max_tokens=64, ignore_eos=True)  # greedy, fixed length
     assert parsed.conversation.turns[0].text == workload.PROMPT
 
