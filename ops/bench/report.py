@@ -170,11 +170,13 @@ def render(results: dict, charts: list[str] | None = None) -> str:
     if images:
         # model_size: computed from the service's image preparation; older runs wrote the size the model saw as
         # sent_size.
-        rows = [[name, v["downscale"], v.get("model_size", v.get("sent_size", "")), num(v["first_token_s"]),
-                 num(v["ms_per_token"], 1), num(v["total_s"])] for name, v in images.items()]
+        rows = [[name, v["downscale"], v.get("model_size", v.get("sent_size", "")), num(v.get("prompt_tokens"), 0),
+                 num(v["first_token_s"]), num(v["ms_per_token"], 1), num(v["total_s"])] for name, v in images.items()]
         out += ["## Image sizes (int4)", "", table(
-            ["image", "service downscaling", "size the model saw", "first token (s)", "ms/token", "total (s)"],
-            rows), ""]
+            ["image", "service downscaling", "size the model saw", "prompt tokens (image + text)", "first token (s)",
+             "ms/token", "total (s)"], rows),
+            "", "`detail low/high`: the same image sent with image_url.detail (VLFLEET_IMAGE_MAX_SIDE_LOW / _HIGH).",
+            ""]
     fu = dig(results, "service", "int4", "followup")
     if fu:
         emb = fu.get("embeddings_s", {})

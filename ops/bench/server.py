@@ -30,14 +30,15 @@ def service_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, **BENCH_ENV, **(env or {})}
 
 
-def model_size(png: bytes, model: Path, env: dict[str, str] | None = None) -> tuple[int, int]:
+def model_size(png: bytes, model: Path, env: dict[str, str] | None = None,
+               detail: str | None = None) -> tuple[int, int]:
     """(width, height) of ``png`` as the service started with ``env`` feeds it to the model: the service's own
-    preparation (service.images.prepare) under the image limits of its settings (VLFLEET_IMAGE_MAX_SIDE, ...)."""
-    from service.images import ImageLimits, prepare
+    preparation (service.images.prepare) under the image limits of its settings for ``detail`` (auto when None)."""
+    from service.image_source import limits_by_detail
+    from service.images import prepare
     from service.settings import load
 
-    s = load(service_env(env), model_dir=model)
-    return prepare(png, ImageLimits(s.max_image_bytes, s.max_image_pixels, s.image_max_side)).size
+    return prepare(png, limits_by_detail(load(service_env(env), model_dir=model))[detail or "auto"]).size
 
 
 def start_service(model: Path, port: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -105,14 +105,14 @@ def _machine() -> dict:
 
 
 def _answers(url: str, plan: Plan, width: int, height: int, seed: int, say: Callable[[str], None],
-             label: str) -> dict:
-    """``plan.runs`` answers, each about a fresh image of ``width`` x ``height``, after one discarded warm-up;
-    with the prompt tokens the service reported (the image's tokens included)."""
+             label: str, detail: str | None = None) -> dict:
+    """``plan.runs`` answers, each about a fresh image of ``width`` x ``height`` (sent with image_url.detail
+    ``detail``), after one discarded warm-up; with the prompt tokens the service reported (the image's included)."""
     workload.over_http(url, workload.test_image(width, height, seed=seed + 999), 8)
     samples, prompt = [], []
     for i in range(plan.runs):
-        done = workload.chat_stream(url, [workload.user_turn(workload.test_image(width, height, seed=seed + i))],
-                                    plan.tokens)
+        turn = workload.user_turn(workload.test_image(width, height, seed=seed + i), detail=detail)
+        done = workload.chat_stream(url, [turn], plan.tokens)
         samples.append(done.sample)
         if done.prompt_tokens is not None:
             prompt.append(done.prompt_tokens)
@@ -152,10 +152,10 @@ def _followup(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
             "embeddings_s": {k: statistics.median(v) for k, v in embeds.items()}}
 
 
-def seen_size(server: Server, width: int, height: int) -> str:
-    """The size the model sees of a ``width`` x ``height`` test image sent to ``server``: computed by the service's
-    own image preparation under that server's settings (its VLFLEET_IMAGE_MAX_SIDE), not assumed."""
-    w, h = model_size(workload.test_image(width, height), server.model, server.env)
+def seen_size(server: Server, width: int, height: int, detail: str | None = None) -> str:
+    """The size the model sees of a ``width`` x ``height`` test image sent to ``server`` with ``detail``: computed by
+    the service's own image preparation under that server's settings (VLFLEET_IMAGE_MAX_SIDE*), not assumed."""
+    w, h = model_size(workload.test_image(width, height), server.model, server.env, detail)
     return f"{w}x{h}"
 
 
@@ -271,6 +271,10 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
         r = _answers(s.url, plan, w, h, 500, say, f"int4 {w}x{h} downscaled")
         entry["images"][f"{w}x{h}"] = {**r, "downscale": "on", "sent_size": f"{w}x{h}",
                                        "model_size": seen_size(s, w, h)}
+        for detail in ("low", "high"):  # the client's choice of budget (image_url.detail), same image size
+            r = _answers(s.url, plan, w, h, 600, say, f"int4 {w}x{h} detail {detail}", detail)
+            entry["images"][f"{w}x{h} detail {detail}"] = {**r, "downscale": "on", "sent_size": f"{w}x{h}",
+                                                           "detail": detail, "model_size": seen_size(s, w, h, detail)}
 
     def full_size_images(entry: dict) -> None:
         w, h = FULL_SIDE

@@ -85,9 +85,9 @@ def in_process(pipe, png: bytes, tokens: int, prompt: str = PROMPT) -> Sample:
     return Sample(first[0] - started, ended - started, int(result.perf_metrics.get_num_generated_tokens()))
 
 
-def user_turn(png: bytes, prompt: str = PROMPT) -> dict:
-    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png)}},
-                                        {"type": "text", "text": prompt}]}
+def user_turn(png: bytes, prompt: str = PROMPT, detail: str | None = None) -> dict:
+    image = {"url": data_url(png)} | ({"detail": detail} if detail else {})
+    return {"role": "user", "content": [{"type": "image_url", "image_url": image}, {"type": "text", "text": prompt}]}
 
 
 @dataclass

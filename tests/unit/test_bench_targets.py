@@ -213,12 +213,15 @@ def test_image_table_shows_the_size_the_model_saw():
     r = results()
     r["service"]["int4"]["images"] = {
         "1200x800": {"downscale": "on", "sent_size": "1200x800", "model_size": "448x299", "first_token_s": 1.7,
-                     "ms_per_token": 126.0, "total_s": 9.7},
+                     "ms_per_token": 126.0, "total_s": 9.7, "prompt_tokens": 140},
+        "1200x800 detail low": {"downscale": "on", "sent_size": "1200x800", "detail": "low", "first_token_s": 0.6,
+                                "ms_per_token": 120.0, "total_s": 8.1, "prompt_tokens": 49},
         "old run": {"downscale": "on", "sent_size": "448x299", "first_token_s": 1.7, "ms_per_token": 126.0,
                     "total_s": 9.7}}
     md = render(r)
-    assert "| 1200x800 | on | 448x299 | 1.70 | 126.0 | 9.70 |" in md
-    assert "| old run | on | 448x299 | 1.70 |" in md  # older results wrote that size as sent_size
+    assert "| 1200x800 | on | 448x299 | 140 | 1.70 | 126.0 | 9.70 |" in md
+    assert "| 1200x800 detail low | on | 1200x800 | 49 | 0.60 |" in md
+    assert "| old run | on | 448x299 | n/a | 1.70 |" in md  # older results wrote that size as sent_size
 
 
 def test_memory_split_is_reported():
