@@ -243,8 +243,7 @@ def ci_timing(root: Path) -> str:
              "- `.ci/run` in all (apt, venv, model, staging images, tests): "
              + (f"**{run['wall_s'] / 60:.1f} min** (exit {run['exit']})" if run else "not recorded"),
              f"- `make test` session: {data['session_s'] / 60:.1f} min, {data['tests_run']} tests, "
-             f"exit status {data['exit_status']}",
-             f"- e2e, from its first test to the end: {data['e2e_s'] / 60:.1f} min", "",
+             f"exit status {data['exit_status']}", "",
              "| suite | minutes |", "|---|---|"]
     lines += [f"| {suite} | {seconds / 60:.1f} |" for suite, seconds in sorted(suites.items())]
     lines += ["", "Per module (setup, call and teardown of its tests, fixtures included):", "",
