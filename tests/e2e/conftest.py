@@ -1,6 +1,8 @@
 """Staging fleets shared by every e2e test: brought up once per session, torn down at its end.
 
 `staging_fleet`: 2 nspawn containers (c1, c2) + 1 qemu VM (vm1) in group `vlm`, container lb1 in group `lb`.
+`converged_inventory`: the standard fleet after the session's one site.yml converge, which every module needing a
+serving fleet shares (each puts back what it breaks).
 `noavx2_fleet`: one VM (vm1) whose CPU lacks AVX2, for the cpu_check role; started only if a test asks for it.
 Both reuse a fleet of the same name that is already up (up is idempotent). Set VLFLEET_KEEP_FLEET=1 to keep them
 after the session (e.g. to debug with `vlfleet staging.ssh c1 --name e2e`), and VLFLEET_E2E_FLEET to rename them.
