@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.llamacpp import source as source_mod
-from ops.model.publish import publish
+from ops.model.publish import publish, up_to_date
 from ops.process import die_with_parent
 from service import manifest as mf
 
@@ -224,15 +224,8 @@ def convert(source: Path, out: Path, params: GgufParams, *, quantize: Path | Non
     with locked(out):
         origin = dict(origin) if origin is not None else describe_source(source)
         tools = tool_versions(src)
-        if out.exists():
-            try:
-                existing = mf.read_manifest(out)
-            except mf.ArtifactError as e:
-                raise FileExistsError(f"{out} exists and is not a vlfleet artifact ({e.problem}); "
-                                      "remove it or choose another --out") from e
-            if _same_inputs(existing, origin, params, tools) and mf.verify(out, full=False).ok:
-                _log(quiet, f"{out} already holds this conversion (artifact {existing['artifact_id']}); nothing to do")
-                return out
+        if up_to_date(out, lambda m: _same_inputs(m, origin, params, tools), lambda msg: _log(quiet, msg)):
+            return out
         tmp, work = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.work")
         for d in (tmp, work):
             shutil.rmtree(d, ignore_errors=True)  # left by a killed convert

@@ -22,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from ops.model.publish import publish
+from ops.model.publish import publish, up_to_date
 from ops.process import die_with_parent
 from service import manifest as mf
 
@@ -180,15 +180,8 @@ def convert(source: Path, out: Path, params: ConvertParams, quiet: bool = False,
     with _locked(out):
         origin = dict(origin) if origin is not None else describe_source(source)
         tools = tool_versions()
-        if out.exists():
-            try:
-                existing = mf.read_manifest(out)
-            except mf.ArtifactError as e:
-                raise FileExistsError(f"{out} exists and is not a vlfleet artifact ({e.problem}); "
-                                      "remove it or choose another --out") from e
-            if _same_inputs(existing, origin, params, tools) and mf.verify(out, full=False).ok:
-                _log(quiet, f"{out} already holds this conversion (artifact {existing['artifact_id']}); nothing to do")
-                return out
+        if up_to_date(out, lambda m: _same_inputs(m, origin, params, tools), lambda msg: _log(quiet, msg)):
+            return out
         tmp = out.with_name(f".{out.name}.partial")
         shutil.rmtree(tmp, ignore_errors=True)  # left by a killed convert
         try:

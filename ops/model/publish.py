@@ -1,7 +1,9 @@
-"""Putting a finished artifact in place: the one step shared by every converter (IR, GGUF).
+"""An artifact's place on disk, the steps shared by every converter (IR, GGUF).
 
-A converter writes into a hidden ``.partial`` sibling, then calls ``publish``: the directory is renamed into place
-only when nothing is there yet; the same content already there is kept; different content is never overwritten.
+Before converting, ``up_to_date`` says whether the destination already holds this conversion (then there is nothing
+to do). A converter writes into a hidden ``.partial`` sibling, then calls ``publish``: the directory is renamed into
+place only when nothing is there yet; the same content already there is kept; different content is never
+overwritten.
 """
 
 from __future__ import annotations
@@ -11,6 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from service import manifest as mf
+
+
+def up_to_date(out: Path, same_inputs: Callable[[Mapping[str, Any]], bool], say: Callable[[str], None]) -> bool:
+    """True when ``out`` holds an intact artifact whose manifest ``same_inputs`` accepts: nothing to convert.
+
+    Raises FileExistsError when ``out`` exists but is not an artifact (never overwritten).
+    """
+    if not out.exists():
+        return False
+    try:
+        existing = mf.read_manifest(out)
+    except mf.ArtifactError as e:
+        raise FileExistsError(f"{out} exists and is not a vlfleet artifact ({e.problem}); "
+                              "remove it or choose another --out") from e
+    if same_inputs(existing) and mf.verify(out, full=False).ok:
+        say(f"{out} already holds this conversion (artifact {existing['artifact_id']}); nothing to do")
+        return True
+    return False
 
 
 def publish(tmp: Path, out: Path, manifest: Mapping[str, Any], say: Callable[[str], None]) -> bool:
