@@ -102,7 +102,9 @@ FIELDS: tuple[Field, ...] = (
     Field("lm_precision", _choice("auto", "bf16", "f32"), "auto",
           "Compute precision of the language model alone (genai's MODEL_PROPERTIES), over VLFLEET_PRECISION: f32 "
           "here with bf16 for the vision encoder keeps the fast image encode of bf16 and gives decode the int8 "
-          "dynamic-quantisation kernels, which need f32 activations (CPUs with VNNI). auto = as VLFLEET_PRECISION.",
+          "dynamic-quantisation kernels, which need f32 activations (CPUs with VNNI). auto = f32 on CPUs with bf16 and "
+          "VNNI when VLFLEET_PRECISION is auto (measured: results/run5-avx512-levers/bench.md), else as "
+          "VLFLEET_PRECISION.",
           "auto, bf16 or f32"),
     Field("http_threads", _int_range(2, 256), 16,
           "gunicorn threads in the one worker process (each open SSE stream holds one).", "an integer 2-256"),

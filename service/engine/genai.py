@@ -53,12 +53,40 @@ def pipeline_properties(settings) -> dict[str, Any]:
         properties["INFERENCE_NUM_THREADS"] = settings.threads
     if settings.precision != "auto":
         properties["INFERENCE_PRECISION_HINT"] = settings.precision
-    if settings.lm_precision != "auto":
-        properties["MODEL_PROPERTIES"] = {"language_model": {"INFERENCE_PRECISION_HINT": settings.lm_precision}}
+    lm = lm_precision(settings.lm_precision, settings.precision, cpu_flags())
+    if lm:
+        properties["MODEL_PROPERTIES"] = {"language_model": {"INFERENCE_PRECISION_HINT": lm}}
     if settings.model_cache_dir:
         Path(settings.model_cache_dir).mkdir(parents=True, exist_ok=True)
         properties["CACHE_DIR"] = str(settings.model_cache_dir)
     return properties
+
+
+BF16 = ("avx512_bf16", "amx_bf16")  # where the CPU plugin computes in bf16 unless told otherwise
+VNNI = ("avx512_vnni", "avx_vnni", "amx_int8")  # what its int8 dynamic-quantisation kernels need
+
+
+def lm_precision(setting: str, precision: str, flags: set[str]) -> str | None:
+    """The language model's own precision hint, or None to leave it to VLFLEET_PRECISION.
+
+    auto: f32 on CPUs where the plugin would pick bf16 and VNNI is there. Decode then takes the int8
+    dynamic-quantisation kernels, which need f32 activations, while the vision encoder stays on bf16 (measured on an
+    AVX-512 BF16/VNNI EPYC: results/run5-avx512-levers/bench.md, levers). An explicit VLFLEET_PRECISION wins.
+    """
+    if setting != "auto":
+        return setting
+    if precision == "auto" and flags & set(BF16) and flags & set(VNNI):
+        return "f32"
+    return None
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
 
 
 def scheduler_config(settings):

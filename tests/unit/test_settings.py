@@ -34,8 +34,17 @@ def test_error_names_variable_and_allowed_values():
 LM_F32 = {"language_model": {"INFERENCE_PRECISION_HINT": "f32"}}
 
 
+def _auto_lm() -> dict:
+    """What the default gives on this machine's CPU: the language model on f32 where it has bf16 and VNNI."""
+    from service.engine.genai import BF16, VNNI, cpu_flags
+
+    flags = cpu_flags()
+    return {"MODEL_PROPERTIES": LM_F32} if flags & set(BF16) and flags & set(VNNI) else {}
+
+
 @pytest.mark.parametrize(("env", "expected"), [
-    ({}, {}),
+    ({}, _auto_lm()),
+    ({"VLFLEET_PRECISION": "bf16"}, {"INFERENCE_PRECISION_HINT": "bf16"}),  # an explicit precision wins
     ({"VLFLEET_PRECISION": "f32", "VLFLEET_THREADS": "2"}, {"INFERENCE_PRECISION_HINT": "f32",
                                                            "INFERENCE_NUM_THREADS": 2}),
     ({"VLFLEET_LM_PRECISION": "f32"}, {"MODEL_PROPERTIES": LM_F32}),
@@ -46,6 +55,34 @@ def test_openvino_properties_come_from_the_settings(env, expected):
     from service.engine import pipeline_properties
 
     assert pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", **env})) == expected
+
+
+AVX2 = {"avx2", "fma", "f16c"}
+AVX512_BF16 = AVX2 | {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
+AMX = AVX512_BF16 | {"amx_tile", "amx_int8", "amx_bf16"}
+
+
+@pytest.mark.parametrize(("setting", "precision", "flags", "expected"), [
+    ("auto", "auto", AVX2, None),  # no bf16: the plugin computes in f32 already
+    ("auto", "auto", AVX2 | {"avx512f", "avx512_vnni"}, None),  # AVX-512 VNNI without bf16: f32 already
+    ("auto", "auto", AVX512_BF16, "f32"),
+    ("auto", "auto", AMX, "f32"),
+    ("auto", "bf16", AVX512_BF16, None),  # the operator asked for bf16 everywhere
+    ("bf16", "auto", AVX512_BF16, "bf16"),
+    ("f32", "auto", AVX2, "f32"),
+])
+def test_language_model_precision_follows_the_cpu(setting, precision, flags, expected):
+    from service.engine.genai import lm_precision
+
+    assert lm_precision(setting, precision, flags) == expected
+
+
+def test_cpu_flags_read_from_cpuinfo(tmp_path):
+    from service.engine.genai import cpu_flags
+
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nflags\t\t: fpu\n")
+    assert cpu_flags(tmp_path / "cpuinfo") == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "missing") == set()
 
 
 def test_bad_precision_names_the_choices():
