@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from service.conversation import Conversation, Sampling
+from service.conversation import Conversation, Sampling, Timings
 
 ENTRY_OVERHEAD = 512  # bytes per entry beyond its text: key, lists, dataclass
 
@@ -27,6 +27,10 @@ class CachedAnswer:
     @property
     def size(self) -> int:
         return ENTRY_OVERHEAD + sum(len(p.encode()) for p in self.pieces)
+
+    def timings(self) -> Timings:
+        """A replay's timings: no wait, no generation, the original's token counts."""
+        return Timings(first_token_s=0.0, prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
 
 
 def cache_key(conversation: Conversation, sampling: Sampling, model_id: str) -> str | None:

@@ -72,8 +72,7 @@ class Engine:
             if self.metrics:
                 self.metrics.cache_hits.inc()
             job = replay(conversation, sampling, request_id, answer)
-            log_inference(job, Timings(first_token_s=0.0, prompt_tokens=answer.prompt_tokens,
-                                       completion_tokens=answer.completion_tokens), answer.finish_reason, "hit")
+            log_inference(job, answer.timings(), answer.finish_reason, "hit")
             return job
         if key is not None and self.answers.enabled and self.metrics:
             self.metrics.cache_misses.inc()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 from service.answer_cache import CachedAnswer
-from service.conversation import Conversation, Sampling, Timings
+from service.conversation import Conversation, Sampling
 from service.engine.events import FINAL, KEEPALIVE, Done, Event, Failed, Started, Token
 from service.errors import Overloaded
 
@@ -81,7 +81,6 @@ def replay(conversation: Conversation, sampling: Sampling, request_id: str, answ
     job.put(Started(reused_session=False, images=len(conversation.images), cache="hit"))
     for piece in answer.pieces:
         job.put(Token(piece))
-    timings = Timings(first_token_s=0.0, prompt_tokens=answer.prompt_tokens,
-                      completion_tokens=answer.completion_tokens)
-    job.put(Done(finish_reason=answer.finish_reason, text="".join(answer.pieces), timings=timings, session=None))
+    job.put(Done(finish_reason=answer.finish_reason, text="".join(answer.pieces), timings=answer.timings(),
+                 session=None))
     return job
