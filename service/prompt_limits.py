@@ -19,10 +19,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.conversation import Conversation
+from service.conversation import RESERVED_TAG_PATTERN, Conversation
 from service.errors import APIError
 
-IMAGE_TAG = re.compile(r"<ov_genai_image_\d+>")
+IMAGE_TAG = re.compile(RESERVED_TAG_PATTERN)  # the tags render_prompt puts in; client text may hold none
 VISION_WRAP = 2  # <|vision_start|> ... <|vision_end|> around each image's tokens
 
 
