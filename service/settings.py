@@ -85,9 +85,24 @@ FIELDS: tuple[Field, ...] = (
           "an IP address or host name"),
     Field("port", _int_range(1, 65535), 8000, "TCP port to listen on.", "an integer 1-65535"),
     Field("device", _choice("CPU"), "CPU", "OpenVINO device.", "CPU"),
-    Field("engine", _choice("serial", "batching"), "serial",
+    Field("engine", _choice("serial", "batching", "llamacpp"), "serial",
           "serial: one VLMPipeline, one request at a time. batching: a "
-          "ContinuousBatchingPipeline whose decode steps serve several requests at once.", "serial or batching"),
+          "ContinuousBatchingPipeline whose decode steps serve several requests at once. llamacpp: a private "
+          "llama-server child on a GGUF artifact (VLFLEET_MODEL_DIR made by `vlfleet model.gguf`), one request at "
+          "a time; decodes faster, first token slower (docs/engines.md).", "serial, batching or llamacpp"),
+    Field("llamacpp_server", _path, None,
+          "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = "
+          "llama-server on PATH.", "a file path"),
+    Field("llamacpp_ctx", _int_range(0, 1 << 20), 0,
+          "Context size of the llamacpp engine's llama-server, in tokens (its KV cache); 0 = "
+          "VLFLEET_MAX_INPUT_TOKENS + VLFLEET_MAX_TOKENS, the longest prompt and answer accepted.",
+          "an integer 0-1048576"),
+    Field("llamacpp_start_timeout", _float_range(1, 3600), 300.0,
+          "Seconds the llamacpp engine waits for its llama-server to load the model (/health 200) at start and "
+          "after a restart.", "a number of seconds 1-3600"),
+    Field("llamacpp_restarts", _int_range(0, 100), 5,
+          "Times in a row the llamacpp engine restarts a llama-server that died or would not start before it "
+          "gives up (the service then stays unready); a restart that serves resets the count.", "an integer 0-100"),
     Field("max_batch", _int_range(1, 256), 4, "Requests generating at once (batching engine).", "an integer 1-256"),
     Field("kv_cache_gb", _int_range(1, 1024), 2,
           "KV-cache size in GiB; it also holds the prefix cache that makes follow-ups cheaper.", "an integer 1-1024"),
