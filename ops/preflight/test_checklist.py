@@ -18,8 +18,8 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from ops.preflight import hostprobe
 from ops.preflight.plugin import check, not_applicable
+from service import probe as service_probe
 
 GiB = 1024**3
 MiB = 1024**2
@@ -27,6 +27,7 @@ MiB = 1024**2
 # copy plus buffers). Matches the measured int4 (1.7 GB -> 3.2 GB) and int8 (2.4 GB -> 4.4 GB) 2B artifacts.
 RSS_BASE_MB, RSS_PER_ARTIFACT = 512, 1.6
 FALLBACK_PEAK_MB = 3300  # the int4 2B model, when the artifact cannot be read
+SYSTEM_PYTHON = "python3"  # runs the snapshot, which must work before any release (and its venv) exists
 REMOTE_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "sshfs", "fuse.sshfs", "glusterfs", "fuse.glusterfs",
              "ceph", "fuse.ceph", "lustre", "afs", "davfs", "fuse.rclone", "fuse.s3fs"}
 
@@ -71,13 +72,14 @@ def run(host, command: str, *args: object, timeout: int = 60, sudo: bool = True)
     return host.run(line, *[str(a) for a in args])
 
 
-def probe(host, python: str, script: str, *args: object, timeout: int = 60) -> dict:
-    """Run a hostprobe script with ``python`` on the host (as root); its last stdout line is JSON."""
-    res = run(host, "%s -c %s" + " %s" * len(args), python, script, *args, timeout=timeout)
+def probe(host, python: str, command: str, *args: object, timeout: int = 60):
+    """Run ``python -m service.probe COMMAND ARGS`` on the host (as root); its last stdout line is JSON."""
+    line = service_probe.argv(python, command, *args)
+    res = run(host, " ".join(["%s"] * len(line)), *line, timeout=timeout)
     try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        return service_probe.parse(res.stdout)
     except (ValueError, IndexError):
-        raise AssertionError(f"{python} could not run the probe (exit {res.rc}): "
+        raise AssertionError(f"{python} could not run the {command} probe (exit {res.rc}): "
                              f"{(res.stderr or res.stdout).strip()[-400:]}") from None
 
 
@@ -85,19 +87,12 @@ def probe(host, python: str, script: str, *args: object, timeout: int = 60) -> d
 
 @pytest.fixture(scope="module")
 def facts(host, cfg: Config) -> dict[str, str]:
-    """Every shell-level fact of the host, read in one root shell (hostprobe.SNAPSHOT): section name -> text."""
-    res = run(host, "sh -c %s snapshot %s %s", hostprobe.SNAPSHOT, cfg.root, cfg.service, timeout=120)
-    assert "@@end@@" in res.stdout, f"could not read the host's state (exit {res.rc}): {res.stderr.strip()[-300:]}"
-    out: dict[str, str] = {}
-    parts = res.stdout.split("\n")
-    name = None
-    for line in parts:
-        if line.startswith("@@") and line.endswith("@@") and len(line) > 4:
-            name = line[2:-2]
-            out[name] = ""
-        elif name is not None:
-            out[name] += line + "\n"
-    return {k: v.strip() for k, v in out.items()}
+    """Every shell-level fact of the host, read by one root process (service.probe snapshot): section -> text."""
+    try:
+        sections = probe(host, SYSTEM_PYTHON, "snapshot", cfg.root, cfg.service, timeout=120)
+    except AssertionError as e:
+        raise AssertionError(f"could not read the host's state: {e}") from None
+    return {k: v.strip() for k, v in sections.items()}
 
 
 def keyvalues(text: str) -> dict[str, str]:
@@ -178,10 +173,10 @@ def service_address(env: dict) -> tuple[str, int]:
 
 @pytest.fixture(scope="module")
 def runtime(host, release) -> dict:
-    """The service venv's Python version and runtime distributions (hostprobe.RUNTIME_VERSIONS), or the error."""
+    """The service venv's Python version and runtime distributions (service.probe runtime-versions), or the error."""
     python, _ = need_release(release)
     try:
-        return probe(host, python, hostprobe.RUNTIME_VERSIONS, timeout=120)
+        return probe(host, python, "runtime-versions", timeout=120)
     except AssertionError as e:
         return {"error": str(e)}
 
@@ -416,7 +411,7 @@ def test_readyz(host, release, artifact, record_property):
     python, env = need_release(release)
     addr, port = service_address(env)
     url = f"http://{addr if ':' not in addr else '[' + addr + ']'}:{port}/readyz"
-    answer = probe(host, python, hostprobe.READYZ, url, timeout=30)
+    answer = probe(host, python, "readyz", url, timeout=30)
     assert answer["status"] == 200, (f"GET {url} -> {answer['status'] or answer['error']}"
                                      + (f": {json.dumps(answer['body'])[:300]}" if answer["body"] else ""))
     body = answer["body"] or {}
@@ -436,7 +431,7 @@ def test_streamed_answer(host, release, cfg, record_property):
     args = [addr, port, model, cfg.first_token_timeout, cfg.stream_timeout]
     if env.get("VLFLEET_API_KEYS_FILE"):
         args.append(env["VLFLEET_API_KEYS_FILE"])  # read on the host, as root: the key never leaves it
-    out = probe(host, python, hostprobe.STREAM, *args, timeout=int(cfg.stream_timeout) + 30)
+    out = probe(host, python, "stream", *args, timeout=int(cfg.stream_timeout) + 30)
     assert out["status"] == 200, f"POST /v1/chat/completions -> {out['status']}: {out['error']}"
     assert out["error"] is None, f"the stream broke: {out['error']}"
     assert out["chunks"] > 0, "the stream carried no content delta"

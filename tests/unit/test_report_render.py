@@ -12,30 +12,18 @@ import pytest
 
 from ops.preflight import registry
 from ops.report import Options, build, parse_facts, slowest, summarize_probe
-from ops.report_html import render, write_charts
+from ops.report.page import render, write_charts
 
-FACTS_OUTPUT = """@@model@@
- Intel(R) Xeon(R) Platinum 8480+
-@@flags@@
- fpu sse sse2 avx avx2 fma f16c avx512f avx512bw avx512_vnni amx_tile amx_int8 hypervisor
-@@nproc@@
-8
-@@meminfo@@
-MemTotal:       16384000 kB
-MemAvailable:   12000000 kB
-SwapTotal:       2097148 kB
-SwapFree:        2097148 kB
-@@os@@
-Ubuntu 22.04.4 LTS
-5.15.0-105-generic
-@@env@@
-# vlfleet env
-VLFLEET_HOST=10.0.0.11
-VLFLEET_PORT=8100
-@@plan@@
-{"allowed": [0, 1, 2, 3, 4, 5, 6, 7], "cpus": [0, 1, 2, 3], "threads": 4, "node": 0}
-@@end@@
-"""
+FACTS_OUTPUT = {  # what `service.probe facts` prints (JSON)
+    "model": "Intel(R) Xeon(R) Platinum 8480+",
+    "flags": "fpu sse sse2 avx avx2 fma f16c avx512f avx512bw avx512_vnni amx_tile amx_int8 hypervisor",
+    "cpus": 8,
+    "meminfo": "MemTotal:       16384000 kB\nMemAvailable:   12000000 kB\nSwapTotal:       2097148 kB\n"
+               "SwapFree:        2097148 kB\n",
+    "os": "Ubuntu 22.04.4 LTS", "kernel": "5.15.0-105-generic",
+    "env": "# vlfleet env\nVLFLEET_HOST=10.0.0.11\nVLFLEET_PORT=8100\n",
+    "plan": '{"allowed": [0, 1, 2, 3, 4, 5, 6, 7], "cpus": [0, 1, 2, 3], "threads": 4, "node": 0}\n',
+}
 
 
 def _host(name: str, ttft: float | None, mspt: float | None, **extra) -> dict:
@@ -61,7 +49,8 @@ def test_facts_are_parsed():
 
 
 def test_facts_without_a_release_or_plan():
-    f = parse_facts("@@model@@\n x\n@@flags@@\n sse2\n@@nproc@@\n2\n@@env@@\n@@plan@@\n@@end@@\n")
+    f = parse_facts({"model": "x", "flags": "sse2", "cpus": 2, "meminfo": "", "os": "", "kernel": "", "env": "",
+                     "plan": ""})
     assert f["pinned_cpus"] is None and f["isa"] == [] and f["service_port"] == 8000
 
 

@@ -1,12 +1,13 @@
-"""`vlfleet report`: the fleet at a glance, gathered from the hosts themselves.
+"""What `vlfleet report` gathers from the hosts themselves, and the files it writes.
 
 Per service host (group `vlm`), over SSH: release and artifact (`/readyz`, via ops.fleet's host agent), CPU model and
-ISA flags, the launcher's core pinning (/run/vlfleet/cpu-plan.json), memory and swap, and a short probe: real streamed
-requests to the host's service, timed on the host (first token, ms per token). Then the pre-launch checklist
-(ops.preflight) for the host x check matrix, or a `vlfleet preflight --json` report given instead.
+ISA flags, the launcher's core pinning (/run/vlfleet/cpu-plan.json), memory and swap (`service.probe facts`), and a
+short probe: real streamed requests to the host's service, timed on the host (`service.probe latency`: first token,
+ms per token). Then the pre-launch checklist (ops.preflight) for the host x check matrix, or a `vlfleet preflight
+--json` report given instead.
 
 Written to one directory: report.json (everything), first_token.png and ms_per_token.png, and report.html (one
-self-contained page: inline CSS, the charts embedded; ops/report_html.py renders it).
+self-contained page: inline CSS, the charts embedded; ops/report/page.py renders it).
 """
 
 from __future__ import annotations
@@ -22,84 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ops.machine import isa
+from service import probe as service_probe
 
 REPORT_VERSION = 1
 OUTLIER_RATIO = 1.25  # a host this much slower than the fleet median is called out as an outlier
-
-# One root shell run per host (one SSH round trip: a TCG VM pays seconds per process). argv: root.
-FACTS = r"""
-root=$1
-sec() { echo "@@$1@@"; }
-sec model; grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2-
-sec flags; grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2-
-sec nproc; nproc --all
-sec meminfo; grep -E '^(MemTotal|MemAvailable|SwapTotal|SwapFree):' /proc/meminfo
-sec os; (. /etc/os-release && echo "$PRETTY_NAME"); uname -r
-sec env; cat "$root/current/vlfleet.env" 2>/dev/null
-plan=$(sed -n 's/^VLFLEET_CPU_PLAN_FILE=//p' "$root/current/vlfleet.env" 2>/dev/null | tail -n1)
-sec plan; cat "${plan:-/run/vlfleet/cpu-plan.json}" 2>/dev/null
-sec end
-"""
-
-# Runs on the host with the service venv's Python. argv: host port tokens runs timeout. Prints one JSON object.
-# A nonce in each prompt: the service replays identical deterministic requests from its answer cache.
-PROBE = r"""
-import base64, http.client, io, json, sys, time
-host, port, tokens, runs, bound = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-from PIL import Image
-buf = io.BytesIO()
-Image.new("RGB", (96, 64), (40, 120, 200)).save(buf, format="PNG")
-url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-out = []
-for i in range(runs):
-    row = {"status": None, "first_token_s": None, "total_s": None, "tokens": 0, "ms_per_token": None, "error": None}
-    body = {"stream": True, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                         {"type": "text", "text": "Describe this picture. (probe %d %.6f)" % (i, time.time())}]}]}
-    try:
-        t0 = time.monotonic()
-        conn = http.client.HTTPConnection(host, port, timeout=bound)
-        conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                     {"Content-Type": "application/json", "Accept": "text/event-stream"})
-        resp = conn.getresponse()
-        row["status"] = resp.status
-        if resp.status != 200:
-            row["error"] = "HTTP %d: %s" % (resp.status, resp.read(300).decode(errors="replace"))
-        else:
-            first = last = None
-            for n, raw in enumerate(resp):
-                if n > 100000 or time.monotonic() - t0 > bound:
-                    row["error"] = "no [DONE] within %.0f s" % bound
-                    break
-                line = raw.decode(errors="replace").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    row["error"] = json.dumps(event["error"])[:300]
-                    break
-                if event.get("usage"):
-                    row["tokens"] = event["usage"].get("completion_tokens") or row["tokens"]
-                delta = (event.get("choices") or [{}])[0].get("delta") or {}
-                if delta.get("content"):
-                    last = time.monotonic()
-                    first = first or last
-            row["total_s"] = round(time.monotonic() - t0, 4)
-            if first is not None:
-                row["first_token_s"] = round(first - t0, 4)
-                if row["tokens"] > 1:
-                    row["ms_per_token"] = round(1000 * (last - first) / (row["tokens"] - 1), 2)
-        conn.close()
-    except Exception as e:
-        row["error"] = "%s: %s" % (type(e).__name__, e)
-    out.append(row)
-print(json.dumps(out))
-"""
-
 
 class ReportError(RuntimeError):
     """The report cannot be made (bad inventory, pattern, checklist file); the message says what to fix."""
@@ -118,42 +45,29 @@ class Options:
     jobs: int = 8
 
 
-def _sections(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    name = None
-    for line in text.splitlines():
-        if line.startswith("@@") and line.endswith("@@"):
-            name = line.strip("@")
-            out[name] = ""
-        elif name:
-            out[name] += line + "\n"
-    return out
-
-
-def parse_facts(text: str) -> dict[str, Any]:
-    """The FACTS script's output -> CPU, memory, swap, pinning and service address."""
-    s = _sections(text)
+def parse_facts(sections: dict[str, Any]) -> dict[str, Any]:
+    """`service.probe facts` -> CPU, memory, swap, pinning and service address."""
     mem = {k: int(v.split()[0]) * 1024 for k, v in
-           (ln.split(":", 1) for ln in s.get("meminfo", "").splitlines() if ":" in ln)}
-    env = dict(ln.split("=", 1) for ln in s.get("env", "").splitlines() if "=" in ln and not ln.startswith("#"))
+           (ln.split(":", 1) for ln in sections.get("meminfo", "").splitlines() if ":" in ln)}
+    env = dict(ln.split("=", 1) for ln in sections.get("env", "").splitlines()
+               if "=" in ln and not ln.startswith("#"))
     try:
-        plan = json.loads(s.get("plan") or "null")
+        plan = json.loads(sections.get("plan") or "null")
     except ValueError:
         plan = None
-    os_lines = s.get("os", "").strip().splitlines()
-    nproc = s.get("nproc", "").strip()
+    cpus = sections.get("cpus")
     return {
-        "cpu_model": s.get("model", "").strip() or None,
-        "isa": isa(s.get("flags", "")),
-        "cpus": int(nproc) if nproc.isdigit() else None,
+        "cpu_model": sections.get("model") or None,
+        "isa": isa(sections.get("flags", "")),
+        "cpus": cpus if isinstance(cpus, int) else None,
         "pinned_cpus": list(plan["cpus"]) if plan and "cpus" in plan else None,
         "threads": plan.get("threads") if plan else None,
         "mem_total_bytes": mem.get("MemTotal"),
         "mem_available_bytes": mem.get("MemAvailable"),
         "swap_total_bytes": mem.get("SwapTotal"),
         "swap_used_bytes": (mem["SwapTotal"] - mem["SwapFree"]) if "SwapTotal" in mem and "SwapFree" in mem else None,
-        "os": os_lines[0] if os_lines else None,
-        "kernel": os_lines[1] if len(os_lines) > 1 else None,
+        "os": sections.get("os") or None,
+        "kernel": sections.get("kernel") or None,
         "service_host": env.get("VLFLEET_HOST", "127.0.0.1"),
         "service_port": int(env.get("VLFLEET_PORT", "8000")),
     }
@@ -190,6 +104,31 @@ def slowest(hosts: Sequence[dict]) -> list[dict]:
     return found
 
 
+def _facts(conn, host) -> dict[str, Any]:
+    """`service.probe facts`, as root with the system python3 (it reads what only root may)."""
+    from ops.fleet import StepError
+
+    cmd = shlex.join(["sudo", "-n", *service_probe.argv(host.python, "facts", host.root)])
+    done = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=120)
+    try:
+        return service_probe.parse(done.stdout)
+    except (ValueError, IndexError):
+        raise StepError(f"reading host facts failed (exit {done.exited}): "
+                        f"{(done.stderr or done.stdout).strip()[-300:]}") from None
+
+
+def _latency(conn, host, row: dict[str, Any], opts: Options) -> list[dict]:
+    """`service.probe latency` with the release venv's python: the timed runs, or one row with the error."""
+    python = f"{host.root}/current/venv/bin/python"
+    cmd = shlex.join(service_probe.argv(python, "latency", row["service_host"], row["service_port"],
+                                        opts.probe_tokens, opts.probe_runs, opts.probe_timeout))
+    done = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=opts.probe_timeout * opts.probe_runs + 60)
+    try:
+        return service_probe.parse(done.stdout)
+    except (ValueError, IndexError):
+        return [{"error": f"probe exited {done.exited}: {(done.stderr or done.stdout).strip()[-300:]}"}]
+
+
 def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
     """Everything about one host; an unreachable host gets ``error`` instead of facts (the report still renders)."""
     from ops.fleet import StepError, describe_error
@@ -207,22 +146,8 @@ def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
                     "release_id": ready.get("release_id"), "artifact_id": ready.get("artifact_id"),
                     "model": ready.get("model")})
         conn = fleet.conns[name]
-        facts = conn.run(f"sudo -n sh -c {shlex.quote(FACTS)} facts {shlex.quote(host.root)}", hide=True,
-                         warn=True, in_stream=False, timeout=120)
-        if facts.exited != 0:
-            raise StepError(f"reading host facts failed (exit {facts.exited}): {facts.stderr.strip()[-300:]}")
-        row.update(parse_facts(facts.stdout))
-        python = f"{host.root}/current/venv/bin/python"
-        cmd = " ".join(shlex.quote(a) for a in (python, "-c", PROBE, row["service_host"], str(row["service_port"]),
-                                                str(opts.probe_tokens), str(opts.probe_runs),
-                                                str(opts.probe_timeout)))
-        done = conn.run(cmd, hide=True, warn=True, in_stream=False,
-                        timeout=opts.probe_timeout * opts.probe_runs + 60)
-        try:
-            runs = json.loads(done.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            runs = [{"error": f"probe exited {done.exited}: {(done.stderr or done.stdout).strip()[-300:]}"}]
-        row["probe"] = summarize_probe(runs)
+        row.update(parse_facts(_facts(conn, host)))
+        row["probe"] = summarize_probe(_latency(conn, host, row, opts))
     except Exception as e:  # one host's failure is a row in the report, not the end of it
         row["error"] = str(e) if isinstance(e, StepError) else describe_error(e)[1]
         row.setdefault("probe", None)
@@ -257,7 +182,7 @@ def build(inventory: Path | str, out_dir: Path | str, opts: Options | None = Non
     """Gather, write report.json, the charts and report.html into ``out_dir``; return the report data."""
     from ops.fleet import Fleet, FleetError, Inventory
     from ops.monitoring.inventory import InventoryError, load
-    from ops.report_html import render, write_charts
+    from ops.report.page import render, write_charts
 
     opts = opts or Options()
     inventory = Path(inventory).expanduser().resolve()

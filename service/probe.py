@@ -1,0 +1,412 @@
+"""What the controller runs on a service host to look at it: one subcommand each, one JSON document printed.
+
+The checklist (ops/preflight/test_checklist.py) and the fleet report (ops/report/) run these over SSH::
+
+    <root>/current/venv/bin/python -m service.probe runtime-versions
+    <root>/current/venv/bin/python -m service.probe readyz URL
+    <root>/current/venv/bin/python -m service.probe stream HOST PORT MODEL FIRST_TOKEN_S TOTAL_S [API_KEYS_FILE]
+    <root>/current/venv/bin/python -m service.probe latency HOST PORT TOKENS RUNS TIMEOUT_S
+    python3 -c "<this file's source>" snapshot ROOT SERVICE
+    python3 -c "<this file's source>" facts ROOT
+
+The first four run with the release venv's python, from the installed service package. `snapshot` and `facts` must
+also work where no release exists yet (they are how the checklist finds the venv), so the controller ships this
+file's source to the distribution's python3, as it does ops/host_agent.py (`argv` builds either command line). That is
+why this module imports only the standard library at the top and keeps to Python 3.10; Pillow is imported only by
+the commands that draw an image, which run in the release venv. Requests go to the service from the host itself:
+the service may bind loopback only.
+"""
+
+from __future__ import annotations
+
+import base64
+import glob
+import http.client
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+RUNTIME_DISTS = (("openvino", "openvino"), ("openvino-genai", "openvino_genai"),
+                 ("openvino-tokenizers", "openvino_tokenizers"))
+UNIT_PROPERTIES = "ActiveState,SubState,Result,UnitFileState,MainPID,Restart,RestartUSec,LimitNOFILE,DropInPaths," \
+                  "NRestarts"
+DEFAULT_PLAN = "/run/vlfleet/cpu-plan.json"
+DEFAULT_CACHE = "/var/cache/vlfleet"
+SHIPPED = ("snapshot", "facts")  # run by the system python3 from this file's source (see the module docstring)
+
+
+# -- the controller's side: the command line of a probe ---------------------------------------------------------
+
+def source() -> str:
+    return Path(__file__).read_text()
+
+
+def argv(python: str, command: str, *args: object) -> list[str]:
+    """The command line that runs ``command`` on a host with ``python`` (the release venv's, or python3 for
+    SHIPPED commands, which get this file's source instead of the installed module)."""
+    how = ["-c", source()] if command in SHIPPED else ["-m", "service.probe"]
+    return [python, *how, command, *(str(a) for a in args)]
+
+
+def parse(stdout: str) -> Any:
+    """A probe's answer: the JSON of its last stdout line (ValueError/IndexError when there is none)."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+# -- small readers ----------------------------------------------------------------------------------------------
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _lines(path: str, *prefixes: str) -> str:
+    """The lines of ``path`` that start with one of ``prefixes`` (grep '^prefix'), newline-terminated."""
+    return "".join(line for line in _read(path).splitlines(keepends=True) if line.startswith(prefixes))
+
+
+def _first(path: str, prefix: str) -> str:
+    return next(iter(_lines(path, prefix).splitlines()), "")
+
+
+def _cmd(*command: str, stderr: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
+    """A command's result; a missing command reads as exit 127 with no output, as in a shell."""
+    try:
+        return subprocess.run(command, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL, text=True, errors="replace",
+                              timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.CompletedProcess(command, 127, "", None)
+
+
+def _out(*command: str, stderr: bool = False) -> str:
+    return _cmd(*command, stderr=stderr).stdout
+
+
+def _after_header(text: str) -> str:
+    return "".join(text.splitlines(keepends=True)[1:])
+
+
+def _env_value(env_text: str, key: str) -> str:
+    """The last ``KEY=value`` of an env file (what systemd's EnvironmentFile ends up with)."""
+    values = [line[len(key) + 1:] for line in env_text.splitlines() if line.startswith(key + "=")]
+    return values[-1] if values else ""
+
+
+def _df(*paths: str) -> str:
+    # stderr too: the first line (header or the error) is dropped, so a missing path leaves no row to misread
+    return _after_header(_out("df", "-B1", "--output=target,fstype,avail", *paths, stderr=True))
+
+
+# -- snapshot and facts: the system python3, before any release --------------------------------------------------
+
+def _release(root: str) -> tuple[str, str, str]:
+    """``root``/current resolved (or ""), its venv python when executable (or ""), its env file's text."""
+    current = os.path.realpath(os.path.join(root, "current"))
+    target = current if os.path.exists(current) else ""
+    python = os.path.join(target, "venv", "bin", "python") if target else ""
+    python = python if python and os.access(python, os.X_OK) else ""
+    return target, python, _read(os.path.join(target, "vlfleet.env")) if target else ""
+
+
+def _governors() -> str:
+    rows = []
+    for path in sorted(glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor")):
+        rows += [f"{path}:{line}\n" for line in _read(path).splitlines() if line]
+    return "".join(rows)
+
+
+def _main_pid(service: str) -> int:
+    pid = _out("systemctl", "show", "-p", "MainPID", "--value", f"{service}.service").strip()
+    return int(pid) if pid.isdigit() else 0
+
+
+def _process(pid: int) -> dict[str, str]:
+    if pid <= 0:
+        return {"pid_limits": "", "pid_status": ""}
+    return {"pid_limits": _lines(f"/proc/{pid}/limits", "Max open files"),
+            "pid_status": _lines(f"/proc/{pid}/status", "VmRSS:", "Cpus_allowed_list:")}
+
+
+def _cache_dir(env_text: str) -> str:
+    return _env_value(env_text, "VLFLEET_MODEL_CACHE_DIR") or DEFAULT_CACHE
+
+
+def _storage(root: str, cache: str) -> dict[str, str]:
+    existing = cache if os.path.isdir(cache) else os.path.dirname(cache)
+    return {"df_tmp": _df("/tmp", "/var/tmp"), "cache": cache + "\n", "df_models": _df(f"{root}/models"),
+            "df_cache": _df(existing)}
+
+
+def _virt() -> dict[str, str]:
+    container = _cmd("systemd-detect-virt", "--container").returncode == 0
+    return {"virt": _out("systemd-detect-virt"), "container": "yes" if container else "no"}
+
+
+def _service(service: str, port: str) -> dict[str, str]:
+    active = _out("systemctl", "is-active", f"{service}.service").strip() == "active"
+    journal = "" if active else _out("journalctl", "-u", f"{service}.service", "-n", "5", "--no-pager", "-o", "cat")
+    return {"unit": _out("systemctl", "show", f"{service}.service", "-p", UNIT_PROPERTIES),
+            "listen": _out("ss", "-Hltnp", f"sport = :{port}") if port else "", "journal": journal}
+
+
+def snapshot(root: str, service: str) -> dict[str, str]:
+    """Every fact the checklist's shell-level checks read, in one process (a TCG VM pays seconds per process spawned
+    over SSH): section name -> text, as the commands named in each reader print it."""
+    target, python, env = _release(root)
+    model = _env_value(env, "VLFLEET_MODEL_DIR")
+    plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or DEFAULT_PLAN
+    return {**_virt(), "flags": _first("/proc/cpuinfo", "flags"), "governors": _governors(),
+            "target": target, "python": python, "env": env,
+            "manifest": _read(os.path.join(model, "manifest.json")) if model else "",
+            "meminfo": _read("/proc/meminfo"), "swaps": _after_header(_read("/proc/swaps")),
+            **_storage(root, _cache_dir(env)), **_process(_main_pid(service)),
+            "init_limits": _lines("/proc/1/limits", "Max open files"), "plan": _read(plan),
+            "time": _out("timedatectl", "show", "-p", "NTP", "-p", "NTPSynchronized", stderr=True),
+            **_service(service, _env_value(env, "VLFLEET_PORT"))}
+
+
+def _os_release() -> str:
+    for line in _read("/etc/os-release").splitlines():
+        if line.startswith("PRETTY_NAME="):
+            return line.split("=", 1)[1].strip().strip("\"'")
+    return ""
+
+
+def facts(root: str) -> dict[str, Any]:
+    """What the fleet report shows of a host: CPU model and flags, CPUs, memory, OS, the current env and the
+    launcher's core plan (texts; the report parses them)."""
+    env = _read(os.path.join(root, "current", "vlfleet.env"))
+    plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or DEFAULT_PLAN
+    return {"model": _first("/proc/cpuinfo", "model name").partition(":")[2].strip(),
+            "flags": _first("/proc/cpuinfo", "flags").partition(":")[2].strip(),
+            "cpus": os.sysconf("SC_NPROCESSORS_CONF"),
+            "meminfo": _lines("/proc/meminfo", "MemTotal:", "MemAvailable:", "SwapTotal:", "SwapFree:"),
+            "os": _os_release(), "kernel": os.uname().release, "env": env, "plan": _read(plan)}
+
+
+# -- the release venv: runtime, readiness, streamed answers -------------------------------------------------------
+
+def runtime_versions() -> dict[str, Any]:
+    """The interpreter's version, and each OpenVINO distribution's version and whether it imports."""
+    import importlib
+    import importlib.metadata as md
+    import platform
+
+    out: dict[str, Any] = {"python": platform.python_version(), "dists": {}}
+    for dist, module in RUNTIME_DISTS:
+        row: dict[str, Any] = {}
+        try:
+            row["version"] = md.version(dist)
+        except md.PackageNotFoundError:
+            row["version"] = None
+        try:
+            importlib.import_module(module)
+            row["import"] = "ok"
+        except Exception as e:  # whatever the import raises is the finding
+            row["import"] = _describe(e)
+        out["dists"][dist] = row
+    return out
+
+
+def _json_or_text(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")[:300]
+
+
+def readyz(url: str) -> dict[str, Any]:
+    """GET ``url``: {"status": int|None, "body": JSON or text, "error": str|None}."""
+    try:
+        with urllib.request.urlopen(url, timeout=15) as r:
+            return {"status": r.status, "body": json.loads(r.read() or b"null"), "error": None}
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "body": _json_or_text(e.read()), "error": None}
+    except Exception as e:  # the error is the answer
+        return {"status": None, "body": None, "error": _describe(e)}
+
+
+class StreamError(RuntimeError):
+    """The SSE answer broke: an error event, or no [DONE] within the bound."""
+
+
+class Events:
+    """The JSON events of an SSE answer, until ``data: [DONE]`` (then ``done``); every wait bounded."""
+
+    def __init__(self, resp, started: float, bound: float, max_lines: int) -> None:
+        self.resp, self.started, self.bound, self.max_lines = resp, started, bound, max_lines
+        self.done = False
+
+    def __iter__(self):
+        for n, raw in enumerate(self.resp):
+            if n > self.max_lines or time.monotonic() - self.started > self.bound:
+                raise StreamError(f"no [DONE] within {self.bound:.0f} s")
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                self.done = True
+                return
+            event = json.loads(data)
+            if "error" in event:
+                raise StreamError(json.dumps(event["error"])[:300])
+            yield event
+
+
+def _image_url(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _messages(url: str, question: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": question}]}]
+
+
+def _first_key(keys_file: str) -> str | None:
+    if not keys_file:
+        return None
+    with open(keys_file) as f:
+        keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    return keys[0] if keys else None
+
+
+def _post(host: str, port: int, body: dict, timeout: float, key: str | None = None):
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+    return conn, conn.getresponse()
+
+
+def _delta(event: dict) -> dict:
+    return (event.get("choices") or [{}])[0].get("delta") or {}
+
+
+def _read_stream(out: dict[str, Any], events: Events, started: float) -> None:
+    for event in events:
+        delta = _delta(event)
+        if "content" in delta:
+            if out["first_token_s"] is None:
+                out["first_token_s"] = round(time.monotonic() - started, 3)
+            out["chunks"] += 1
+            out["chars"] += len(delta["content"] or "")
+            out["text"] = (out["text"] + (delta["content"] or ""))[:200]
+    out["done"] = events.done
+
+
+def stream(host: str, port: int, model: str, first_token_s: float, total_s: float,
+           keys_file: str = "") -> dict[str, Any]:
+    """One small image and a short question, streamed: status, content chunks, first token and [DONE] times."""
+    out: dict[str, Any] = {"status": None, "chunks": 0, "chars": 0, "text": "", "done": False, "first_token_s": None,
+                           "total_s": None, "error": None}
+    try:
+        body = {"model": model, "stream": True, "max_tokens": 8, "temperature": 0,
+                "messages": _messages(_image_url((64, 48), (200, 40, 40)), "What colour is this image?")}
+        started = time.monotonic()
+        _conn, resp = _post(host, port, body, first_token_s, _first_key(keys_file))
+        out["status"] = resp.status
+        if resp.status != 200:
+            out["error"] = resp.read(500).decode(errors="replace")
+        else:
+            try:
+                _read_stream(out, Events(resp, started, total_s, 10000), started)
+            except StreamError as e:
+                out["error"] = str(e)
+        out["total_s"] = round(time.monotonic() - started, 3)
+    except Exception as e:  # the error is the answer
+        out["error"] = _describe(e)
+    return out
+
+
+def _timed(row: dict[str, Any], events: Events, started: float) -> None:
+    first = last = None
+    try:
+        for event in events:
+            if event.get("usage"):
+                row["tokens"] = event["usage"].get("completion_tokens") or row["tokens"]
+            if _delta(event).get("content"):
+                last = time.monotonic()
+                first = first or last
+    except StreamError as e:
+        row["error"] = str(e)
+    row["total_s"] = round(time.monotonic() - started, 4)
+    if first is not None:
+        row["first_token_s"] = round(first - started, 4)
+        if row["tokens"] > 1:
+            row["ms_per_token"] = round(1000 * (last - first) / (row["tokens"] - 1), 2)
+
+
+def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"status": None, "first_token_s": None, "total_s": None, "tokens": 0, "ms_per_token": None,
+                           "error": None}
+    # a nonce in each prompt: the service replays identical deterministic requests from its answer cache
+    body = {"stream": True, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
+            "stream_options": {"include_usage": True},
+            "messages": _messages(url, f"Describe this picture. (probe {i} {time.time():.6f})")}
+    try:
+        started = time.monotonic()
+        conn, resp = _post(host, port, body, bound)
+        row["status"] = resp.status
+        if resp.status != 200:
+            row["error"] = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
+        else:
+            _timed(row, Events(resp, started, bound, 100000), started)
+        conn.close()
+    except Exception as e:  # one run's error is its row
+        row["error"] = _describe(e)
+    return row
+
+
+def latency(host: str, port: int, tokens: int, runs: int, bound: float) -> list[dict[str, Any]]:
+    """``runs`` streamed answers of exactly ``tokens`` tokens, one after another: first token and ms per token."""
+    url = _image_url((96, 64), (40, 120, 200))
+    return [_latency_run(host, port, url, tokens, bound, i) for i in range(runs)]
+
+
+def _optional(args: list[str], i: int) -> str:
+    return args[i] if len(args) > i else ""
+
+
+COMMANDS = {
+    "runtime-versions": lambda a: runtime_versions(),
+    "readyz": lambda a: readyz(a[0]),
+    "stream": lambda a: stream(a[0], int(a[1]), a[2], float(a[3]), float(a[4]), _optional(a, 5)),
+    "latency": lambda a: latency(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4])),
+    "snapshot": lambda a: snapshot(a[0], a[1]),
+    "facts": lambda a: facts(a[0]),
+}
+
+
+def main(args: list[str]) -> int:
+    try:
+        result = COMMANDS[args[0]](args[1:])
+    except (IndexError, KeyError, ValueError):
+        print(json.dumps({"error": f"usage: python -m service.probe {{{'|'.join(COMMANDS)}}} ARGS (see its doc)"}))
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

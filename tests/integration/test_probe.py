@@ -1,0 +1,67 @@
+"""service.probe's venv commands, run as the checklist and the report run them on a host (`python -m service.probe
+...`, last stdout line JSON), against the real service on the tiny model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ops.report import summarize_probe
+from service import probe
+from tests.servers import free_port
+
+
+def run(command: str, *args: object, timeout: float = 300):
+    done = subprocess.run(probe.argv(sys.executable, command, *args), capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return probe.parse(done.stdout)
+
+
+def test_latency_streams_and_times_real_requests(service):
+    runs = run("latency", "127.0.0.1", service.port, 8, 2, 120)
+    assert len(runs) == 2
+    for r in runs:
+        assert r["status"] == 200 and r["error"] is None, r
+        assert r["tokens"] == 8  # ignore_eos: exactly max_tokens, counted by the service's usage chunk
+        assert 0 < r["first_token_s"] <= r["total_s"]
+        assert r["ms_per_token"] > 0
+    summary = summarize_probe(runs)
+    assert summary["ok_runs"] == 2 and summary["tokens"] == 8
+    assert min(r["first_token_s"] for r in runs) <= summary["first_token_s"] <= max(r["first_token_s"] for r in runs)
+
+
+def test_latency_reports_a_refused_request_as_an_error():
+    # A port where nothing listens: the error is reported per run, the program itself still succeeds.
+    (r,) = run("latency", "127.0.0.1", free_port(), 8, 1, 5, timeout=60)
+    assert r["first_token_s"] is None and "ConnectionRefusedError" in r["error"]
+    assert summarize_probe([r])["error"].startswith("ConnectionRefusedError")
+
+
+def test_stream_gets_content_and_done(service):
+    out = run("stream", "127.0.0.1", service.port, "qwen3-vl-2b-instruct", 60, 120)
+    assert out["status"] == 200 and out["error"] is None, out
+    assert out["chunks"] > 0 and out["done"] and 0 < out["first_token_s"] <= out["total_s"]
+
+
+def test_stream_sends_the_first_key_of_the_keys_file(service, tmp_path):
+    # The service here needs no key: a keys file that cannot be read proves the probe reads it.
+    out = run("stream", "127.0.0.1", service.port, "m", 60, 120, tmp_path / "missing-keys")
+    assert out["status"] is None and out["error"].startswith("FileNotFoundError")
+
+
+def test_readyz_answers_the_body(service):
+    out = run("readyz", f"{service.url}/readyz")
+    assert out["status"] == 200 and out["error"] is None and out["body"]["ready"] is True, out
+
+
+def test_readyz_of_nothing_is_an_error():
+    out = run("readyz", f"http://127.0.0.1:{free_port()}/readyz", timeout=60)
+    assert out["status"] is None and "URLError" in out["error"]
+
+
+def test_runtime_versions_of_this_venv():
+    out = run("runtime-versions")
+    assert out["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert set(out["dists"]) == {"openvino", "openvino-genai", "openvino-tokenizers"}
+    assert all(row["version"] and row["import"] == "ok" for row in out["dists"].values()), out

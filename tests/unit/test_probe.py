@@ -1,0 +1,166 @@
+"""service.probe run as the controller runs it on a host: `snapshot` and `facts` by a bare system python3 given the
+module's source (no service package, no Pillow), against a release tree in a temporary directory and this machine's
+own /proc; the SSE reader against a loopback server that answers what a broken service would.
+tests/integration/test_probe.py runs the venv commands against the real service."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ops.report import parse_facts
+from service import probe
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+def run(python: str, command: str, *args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    # -I: no PYTHONPATH, no user site, not the working directory: only what a host's python3 has
+    line = probe.argv(python, command, *args)
+    return subprocess.run([line[0], "-I", *line[1:]], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+@pytest.fixture
+def release_root(tmp_path) -> Path:
+    """<root>/current -> releases/r1 with a venv python, an env file, a model manifest and a CPU plan."""
+    root = tmp_path / "opt"
+    release = root / "releases" / "r1"
+    (release / "venv" / "bin").mkdir(parents=True)
+    python = release / "venv" / "bin" / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    model = root / "models" / "a1"
+    model.mkdir(parents=True)
+    (model / "manifest.json").write_text('{"artifact_id": "a1", "files": {}}\n')
+    plan = tmp_path / "cpu-plan.json"
+    plan.write_text('{"cpus": [0], "threads": 1}\n')
+    (release / "vlfleet.env").write_text(
+        f"# rendered\nVLFLEET_MODEL_DIR=/nowhere\nVLFLEET_MODEL_DIR={model}\nVLFLEET_CPU_PLAN_FILE={plan}\n"
+        f"VLFLEET_MODEL_CACHE_DIR={tmp_path}/cache-not-made-yet\nVLFLEET_HOST=127.0.0.9\nVLFLEET_PORT=8123\n")
+    (root / "current").symlink_to("releases/r1")
+    return root
+
+
+def test_snapshot_reads_the_release_with_the_system_python(release_root, tmp_path):
+    done = run(SYSTEM_PYTHON, "snapshot", release_root, "vlfleet-probe-test-none", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    s = probe.parse(done.stdout)
+    release = release_root / "releases" / "r1"
+    assert s["target"] == str(release.resolve())
+    assert s["python"] == f"{release.resolve()}/venv/bin/python"
+    assert s["env"] == (release / "vlfleet.env").read_text()
+    assert json.loads(s["manifest"])["artifact_id"] == "a1"  # the last VLFLEET_MODEL_DIR wins, as in systemd
+    assert json.loads(s["plan"]) == {"cpus": [0], "threads": 1}
+    assert s["cache"].strip() == f"{tmp_path}/cache-not-made-yet"
+    for key in ("df_models", "df_cache"):  # one row: mount, fstype, bytes free (df of the parent when missing)
+        (row,) = s[key].splitlines()
+        assert len(row.split()) == 3 and row.split()[2].isdigit(), (key, s[key])
+    assert len(s["df_tmp"].splitlines()) == 2
+    assert s["flags"].startswith("flags") and "MemTotal:" in s["meminfo"]
+    assert s["init_limits"].startswith("Max open files")
+    assert s["container"] in ("yes", "no")
+
+
+def test_snapshot_without_a_release_says_so_in_empty_sections(tmp_path):
+    done = run(SYSTEM_PYTHON, "snapshot", tmp_path / "empty", "vlfleet-probe-test-none", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    s = probe.parse(done.stdout)
+    assert (s["target"], s["python"], s["env"], s["manifest"], s["listen"]) == ("", "", "", "", "")
+    assert s["df_models"] == ""  # df of a missing path: no row (the checklist reports df's failure)
+    assert s["cache"].strip() == probe.DEFAULT_CACHE
+
+
+def test_facts_of_this_machine_parse_into_the_report_row(release_root, tmp_path):
+    done = run(SYSTEM_PYTHON, "facts", release_root, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    row = parse_facts(probe.parse(done.stdout))
+    assert row["cpus"] == os.sysconf("SC_NPROCESSORS_CONF") and row["kernel"] == os.uname().release
+    assert row["mem_total_bytes"] > 0 and row["swap_total_bytes"] is not None
+    assert (row["pinned_cpus"], row["threads"]) == ([0], 1)
+    assert (row["service_host"], row["service_port"]) == ("127.0.0.9", 8123)
+    assert row["cpu_model"] and row["os"]
+
+
+def test_venv_commands_run_the_installed_module_and_shipped_ones_carry_the_source():
+    assert probe.argv("/r/venv/bin/python", "readyz", "http://x/readyz") == [
+        "/r/venv/bin/python", "-m", "service.probe", "readyz", "http://x/readyz"]
+    _, flag, source, command, root = probe.argv("python3", "facts", "/opt/vlfleet")
+    assert (flag, command, root) == ("-c", "facts", "/opt/vlfleet") and source == Path(probe.__file__).read_text()
+
+
+@pytest.mark.parametrize("args", [[], ["nope"], ["readyz"], ["latency", "h", "not-a-port", "1", "1", "1"]])
+def test_a_wrong_command_line_is_a_usage_error(args):
+    done = subprocess.run([sys.executable, "-m", "service.probe", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert probe.parse(done.stdout)["error"].startswith("usage: python -m service.probe")
+
+
+# -- the SSE reader against answers a broken service gives ----------------------------------------------------------
+
+ANSWERS = {
+    "/error": [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', b'data: {"error": {"message": "boom"}}\n\n'],
+    "/no-done": [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n'] * 3,
+    "/done": [b": keep-alive\n\n", b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n', b"data: [DONE]\n\n"],
+}
+
+
+class _SSE(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for chunk in ANSWERS[self.path]:
+            self.wfile.write(chunk)
+            self.wfile.flush()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def sse_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SSE)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    thread.join(5)
+
+
+def _events(port: int, path: str, bound: float = 30, max_lines: int = 1000) -> tuple[list[dict], probe.Events]:
+    import http.client
+    import time
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", path, "{}", {"Content-Type": "application/json"})
+    events = probe.Events(conn.getresponse(), time.monotonic(), bound, max_lines)
+    return list(events), events
+
+
+def test_events_end_at_done(sse_server):
+    got, events = _events(sse_server, "/done")
+    assert events.done and got == [{"choices": [{"delta": {"content": "hi"}}]}]
+
+
+def test_an_error_event_breaks_the_stream(sse_server):
+    with pytest.raises(probe.StreamError, match="boom"):
+        _events(sse_server, "/error")
+
+
+def test_a_stream_past_its_bound_breaks(sse_server):
+    with pytest.raises(probe.StreamError, match=r"no \[DONE\] within"):
+        _events(sse_server, "/no-done", max_lines=2)
+
+
+def test_a_stream_that_ends_without_done_is_not_done(sse_server):
+    got, events = _events(sse_server, "/no-done")
+    assert len(got) == 3 and not events.done
