@@ -34,7 +34,7 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,23}$")
 
 
 @dataclass
-class Fleet:
+class StagingFleet:
     name: str
     dir: Path
     subnet: str
@@ -132,8 +132,8 @@ def _remove_host_resources(store: StateStore, host: str) -> list[str]:
 
 def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True, *, suite: str = "bookworm",
        mirror: str = "", subnet: str | None = None, vm_cpu: str = "max", vm_memory_mb: int = 3072,
-       vm_vcpus: int = 2, vm_disk_gb: int = 12, accel: str = "auto") -> Fleet:
-    """Bring fleet ``name`` up (or complete it) and return it; its inventory is at ``Fleet.inventory_path``."""
+       vm_vcpus: int = 2, vm_disk_gb: int = 12, accel: str = "auto") -> StagingFleet:
+    """Bring fleet ``name`` up (or complete it) and return it; its inventory is at ``StagingFleet.inventory_path``."""
     _check_name(name)
     wanted = _desired_hosts(containers, vms, lb)
     if accel not in ("auto", "kvm", "tcg"):
@@ -300,12 +300,12 @@ def _await_ssh(store: StateStore, rec: HostRecord, key: Path, timeout: float, ho
         raise StagingError(f"{e}\n--- console of {rec.name} (tail) ---\n{vm_hosts.console_tail(host_dir)}") from e
 
 
-def _fleet(state: FleetState) -> Fleet:
+def _fleet(state: FleetState) -> StagingFleet:
     fdir = fleet_dir(state.name)
-    return Fleet(state.name, fdir, state.subnet, fdir / "inventory.yml", fdir / "id_ed25519", dict(state.hosts))
+    return StagingFleet(state.name, fdir, state.subnet, fdir / "inventory.yml", fdir / "id_ed25519", dict(state.hosts))
 
 
-def get(name: str = "default") -> Fleet | None:
+def get(name: str = "default") -> StagingFleet | None:
     """The recorded fleet ``name`` (whether or not its hosts still run), or None."""
     store = StateStore.load(_state_path(name))
     return _fleet(store.state) if store else None

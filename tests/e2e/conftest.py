@@ -48,7 +48,7 @@ def _fleet(name: str, **kwargs) -> Iterator:
 
 @pytest.fixture(scope="session")
 def staging_fleet():
-    """The standard e2e fleet (`ops.staging.fleet.Fleet`): c1, c2, vm1 in `vlm`, lb1 in `lb`."""
+    """The standard e2e fleet (`ops.staging.fleet.StagingFleet`): c1, c2, vm1 in `vlm`, lb1 in `lb`."""
     yield from _fleet(E2E_FLEET, containers=2, vms=1, lb=True)
 
 
