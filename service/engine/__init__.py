@@ -8,8 +8,10 @@ HTTP threads submit a Job and read its typed events; only the inference thread t
 - ``serial``: SerialEngine, one VLMPipeline answering one request at a time (the default).
 - ``batching``: BatchingEngine, a ContinuousBatchingPipeline whose requests share decode steps.
 - ``genai``: the OpenVINO GenAI specifics both engines share: prompt, generation config, pipeline loading.
+- ``llamacpp``: LlamaCppEngine, a private llama-server child process on a GGUF artifact (``llamacpp_child``
+  starts, watches and stops it; ``llamacpp_api`` is what is said to it).
 
-Dependencies point one way (events <- job <- base <- serial, batching; genai beside them) and the modules
+Dependencies point one way (events <- job <- base <- serial, batching, llamacpp; genai beside them) and the modules
 import each other directly, never this package, so importing any of them cannot make a cycle.
 """
 
@@ -20,6 +22,7 @@ from service.engine.batching import BatchingEngine
 from service.engine.events import KEEPALIVE, Done, Event, Failed, Keepalive, Started, Token
 from service.engine.genai import generation_config, load_pipeline, pipeline_properties, render_prompt
 from service.engine.job import Job
+from service.engine.llamacpp import LlamaCppEngine
 from service.engine.serial import SerialEngine
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "Failed",
     "Job",
     "Keepalive",
+    "LlamaCppEngine",
     "SerialEngine",
     "Started",
     "Token",
@@ -43,7 +47,10 @@ __all__ = [
 
 
 def make_engine(settings, *args, **kwargs) -> Engine:
-    """The engine VLFLEET_ENGINE names: serial (VLMPipeline) or batching (ContinuousBatchingPipeline)."""
+    """The engine VLFLEET_ENGINE names: serial (VLMPipeline), batching (ContinuousBatchingPipeline) or llamacpp
+    (a llama-server child process)."""
     if settings.engine == "batching":
         return BatchingEngine(settings, *args, **kwargs)
+    if settings.engine == "llamacpp":
+        return LlamaCppEngine(settings, *args, **kwargs)
     return SerialEngine(settings, *args, **kwargs)

@@ -1,0 +1,238 @@
+"""The llamacpp engine: a private llama-server child answers each job, behind the service's queue and API.
+
+Everything in front of the engine is shared with the OpenVINO engines (admission, the bounded queue, the answer
+cache, sessions, metrics, the per-inference log line, SSE); only generation differs. The inference thread takes
+one job at a time and makes it one streamed chat request to llama-server (``llamacpp_api``), which runs as a child
+process on loopback (``llamacpp_child``). Why a child process and not llama.cpp in-process: the project builds
+llama-server already (the bench's peer), a crash in native code takes the child down instead of the service, and
+the engine can restart it while the service reports itself unready.
+
+Follow-ups: every request carries ``cache_prompt``, so llama-server re-uses the KV of the longest prefix its one slot
+has already seen (images included: llama.cpp keys image chunks by a hash of their pixels) and prefills only the
+rest. llama-server reports how many prompt tokens came from that cache (``cache_n``): it is counted in
+``vlfleet_prompt_cached_tokens`` and kept in the Done event's ``timings.extra``.
+
+A dead child is noticed within WATCH_INTERVAL_S: the service turns unready (/readyz 503 with the reason), the child
+is restarted with a bounded wait and back-off, at most VLFLEET_LLAMACPP_RESTARTS times in a row, and the service
+turns ready again; a job that was running fails with 503 (retry).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import secrets
+import threading
+import time
+
+from service.conversation import Conversation, Sampling, Timings
+from service.engine.base import Engine, warmup_conversation
+from service.engine.events import Started, Token
+from service.engine.job import FINISHED, RUNNING, Job
+from service.engine.llamacpp_api import Answer, ChatStream, Endpoint, LlamaServerError, call, messages, request_body
+from service.engine.llamacpp_child import ChildError, LlamaServerChild, server_command
+from service.errors import APIError, Overloaded
+from service.prompt_limits import VISION_WRAP, PromptLimits, VisionGrid
+
+log = logging.getLogger("vlfleet.engine")
+
+WATCH_INTERVAL_S = 1.0  # how often an idle inference thread checks that llama-server still runs
+CANCEL_POLL_S = 0.1
+MAX_BACKOFF_S = 30.0
+
+
+class LlamaVisionGrid(VisionGrid):
+    """llama.cpp's Qwen-VL image preprocessing (tools/mtmd: clip.cpp, mtmd-image.cpp): the Hugging Face smart
+    resize, but its first rounding is C's round (half away from zero) where Python's rounds half to even: a
+    448x336 image is 14x11 merged patches there, not 14x10."""
+
+    def tokens(self, width: int, height: int) -> int:
+        f = self.patch * self.merge
+        h, w = max(f, math.floor(height / f + 0.5) * f), max(f, math.floor(width / f + 0.5) * f)
+        if h * w > self.max_pixels:
+            beta = math.sqrt(height * width / self.max_pixels)
+            h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+        elif h * w < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+        return (h // f) * (w // f)
+
+
+# Qwen3-VL's 16-px patches merged 2x2, and llama.cpp's bounds for Qwen-VL: 8 to 4096 image tokens.
+LLAMA_GRID = LlamaVisionGrid(patch=16, merge=2, min_pixels=8 * 32 * 32, max_pixels=4096 * 32 * 32)
+
+
+class LlamaPromptLimits(PromptLimits):
+    """The prompt limits counted as llama-server will see the prompt: its chat template (/apply-template), its
+    tokenizer (/tokenize, text cut at each image as llama.cpp's mtmd cuts it) and llama.cpp's image grid."""
+
+    def __init__(self, settings, server):
+        super().__init__(settings, render=None)
+        self.grid = LLAMA_GRID
+        self._server = server  # () -> llama-server's Endpoint, or None while it is not running
+        self._marker = f"<__vlfleet_image_{secrets.token_hex(8)}__>"  # no client text can hold it
+
+    def count(self, conv: Conversation) -> int:
+        server = self._server()
+        if server is None:
+            raise Overloaded("llama-server is not running (restarting); retry", 503, retry_after=5)
+        try:
+            prompt = call(server, "/apply-template", {"messages": messages(conv, self._marker)})["prompt"]
+            text = sum(len(call(server, "/tokenize", {"content": piece, "add_special": i == 0, "parse_special": True})
+                           ["tokens"]) for i, piece in enumerate(prompt.split(self._marker)) if piece)
+        except (LlamaServerError, KeyError, ValueError) as e:
+            raise Overloaded(f"could not count the prompt's tokens: {e}; retry", 503, retry_after=5) from None
+        return text + sum(self.grid.tokens(*img.size) + VISION_WRAP for img in conv.images)
+
+
+class LlamaCppEngine(Engine):
+    """Jobs answered one at a time by a llama-server child that the engine starts, watches and restarts."""
+
+    def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
+        super().__init__(settings, metrics, pipeline_factory, model_id, memory)
+        self.limits = LlamaPromptLimits(settings, self._endpoint)
+        self.cached_tokens = self.restarts = None
+        if metrics is not None:
+            from prometheus_client import Counter
+
+            self.cached_tokens = Counter(
+                "vlfleet_prompt_cached_tokens", "Prompt tokens re-used from llama-server's KV cache instead of "
+                "prefilled (llamacpp engine)", registry=metrics.registry)
+            self.restarts = Counter("vlfleet_engine_restarts", "Times the llamacpp engine restarted its llama-server",
+                                    registry=metrics.registry)
+        atexit.register(self._stop_child)
+
+    def _load(self) -> LlamaServerChild:
+        child = LlamaServerChild(server_command(self.settings))
+        child.start(self.settings.llamacpp_start_timeout)
+        return child
+
+    def _endpoint(self) -> Endpoint | None:
+        child = self.pipeline
+        return child.endpoint() if child is not None else None
+
+    def _stop_child(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.stop()
+
+    def _warmup(self) -> None:
+        self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))
+
+    def _serve(self) -> None:
+        while True:
+            job = self._next_job(timeout=WATCH_INTERVAL_S)
+            if not self.pipeline.alive():
+                if job is not None:
+                    self._fail_and_close(job, self._child_gone())
+                if not self._restart():
+                    self._refuse_queued()
+                    return
+                continue
+            if job is not None:
+                self._run_job(job)
+
+    def _run_job(self, job: Job) -> None:
+        self.running = job
+        try:
+            self._generate(job)
+        except Exception as e:
+            log.exception("generation failed", extra={"request_id": job.request_id})
+            self._fail(job, e if self.pipeline.alive() else self._child_gone())
+        finally:
+            self.running = None
+            job._transition(RUNNING, FINISHED)
+
+    def _fail_and_close(self, job: Job, error: APIError) -> None:
+        self._fail(job, error)
+        job._transition(RUNNING, FINISHED)
+
+    def _child_gone(self) -> Overloaded:
+        return Overloaded(f"llama-server stopped (exit code {self.pipeline.exit_code()}); the engine is restarting "
+                          "it: retry", 503, retry_after=5)
+
+    def _restart(self) -> bool:
+        """Restart the dead child (bounded tries, back-off); True once it serves again."""
+        code, tries = self.pipeline.exit_code(), self.settings.llamacpp_restarts
+        self.ready.clear()
+        log.error("llama-server died", extra={"exit_code": code, "last_lines": self.pipeline.last_lines()})
+        error = f"exit code {code}"
+        for attempt in range(1, tries + 1):
+            self.failed = f"llama-server died ({error}); restarting it (attempt {attempt} of {tries})"
+            time.sleep(min(MAX_BACKOFF_S, 2.0 ** (attempt - 1) - 1))  # 0, 1, 3, 7, 15, 30 s
+            try:
+                self.pipeline.start(self.settings.llamacpp_start_timeout)
+            except (ChildError, OSError) as e:
+                error = str(e)
+                log.warning("llama-server restart failed", extra={"attempt": attempt, "error": error})
+                continue
+            if self.restarts is not None:
+                self.restarts.inc()
+            log.info("llama-server restarted", extra={"attempt": attempt, "pid": self.pipeline.proc.pid})
+            self.failed = None
+            self.ready.set()
+            return True
+        self.failed = f"llama-server died and did not come back after {tries} restarts ({error}); restart the service"
+        log.error(self.failed)
+        return False
+
+    def _refuse_queued(self) -> None:
+        error = Overloaded(self.failed or "llama-server is not running", 503, retry_after=30)
+        while (job := self._next_job(timeout=0.01)) is not None:
+            self._fail_and_close(job, error)
+
+    def _generate(self, job: Job) -> None:
+        started = time.monotonic()
+        conv, reused = self._resolve(job)
+        timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
+        job.put(Started(reused_session=reused, images=len(conv.images), cache="miss"))
+        pieces: list[str] = []
+        try:
+            stream = ChatStream(self.pipeline.endpoint(), request_body(conv, job.sampling))
+        except LlamaServerError as e:
+            if e.status == 400:
+                raise _client_error(e) from None
+            raise
+        finished = threading.Event()
+        threading.Thread(target=_cancel_on_hangup, args=(job, stream, finished), daemon=True,
+                         name=f"cancel-{job.request_id}").start()
+        try:
+            for text in stream:
+                if timings.first_token_s is None:
+                    timings.first_token_s = time.monotonic() - started
+                pieces.append(text)
+                job.put(Token(text))
+                if job.cancelled.is_set():
+                    break
+        finally:
+            finished.set()
+            stream.close()
+        timings.total_s = time.monotonic() - started
+        self._account(timings, stream.answer, len(pieces))
+        key = None if job.cancelled.is_set() else self._sessions.remember(conv, "".join(pieces))
+        self._finish(job, pieces, timings, key)
+
+    def _account(self, timings: Timings, answer: Answer, pieces: int) -> None:
+        """llama-server's own counts onto the Timings the OpenVINO engines fill (a cancelled answer has none:
+        then the pieces streamed so far). Image encoding is part of its prompt processing (prompt_ms), not apart."""
+        t, usage = answer.timings, answer.usage
+        timings.completion_tokens = int(t.get("predicted_n", usage.get("completion_tokens", pieces)))
+        cached = int(t.get("cache_n", 0))
+        timings.prompt_tokens = int(t.get("prompt_n", 0)) + cached or int(usage.get("prompt_tokens", 0))
+        timings.extra = {key: t[key] for key in ("cache_n", "prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
+                         if key in t}
+        if self.cached_tokens is not None and cached:
+            self.cached_tokens.inc(cached)
+
+
+def _cancel_on_hangup(job: Job, stream: ChatStream, finished: threading.Event) -> None:
+    """Break the stream once the client has gone, also while llama-server is still prefilling (sending nothing)."""
+    while not finished.wait(CANCEL_POLL_S):
+        if job.cancelled.is_set():
+            stream.cancel()
+            return
+
+
+def _client_error(e: LlamaServerError) -> APIError:
+    """llama-server's 400 (a prompt its context cannot hold, an image it cannot read) is the client's to fix."""
+    return APIError(str(e), 400, param="messages", code="invalid_request")

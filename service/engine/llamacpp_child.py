@@ -1,0 +1,184 @@
+"""The llamacpp engine's private llama-server: one child process on a GGUF artifact, on loopback only.
+
+The child binds port 0 (the kernel picks a free port, no race with other processes) and we read the port from its
+"listening on" line. Its output is read by one thread into the service's JSON log (errors and warnings as such,
+the rest at debug) and a short tail kept for the message when it dies. It is stopped by its PID: SIGTERM, a grace
+period, SIGKILL; and the kernel kills it if the thread that started it (the inference thread) dies first
+(PR_SET_PDEATHSIG), so a killed service leaves no llama-server behind holding gigabytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.engine.llamacpp_api import Endpoint
+
+log = logging.getLogger("vlfleet.llamacpp")
+
+PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 10.0
+_LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+_LEVEL = re.compile(r"^\S+ ([EWIDT]) ")  # llama.cpp's log prefix: "0.01.188.669 I srv ..."
+
+
+class ChildError(RuntimeError):
+    """llama-server is missing, would not start, or is not running; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class GgufFiles:
+    language_model: Path
+    mmproj: Path
+
+
+def gguf_files(model_dir: Path) -> GgufFiles:
+    """The language model and vision projector of a GGUF artifact, as its manifest names them."""
+    try:
+        manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ChildError(f"cannot read {model_dir}/manifest.json: {e}") from None
+    weight_format = manifest.get("weight_format", {})
+    files = weight_format.get("files", {})
+    if weight_format.get("format") != "gguf" or not {"language_model", "mmproj"} <= set(files):
+        raise ChildError(f"{model_dir} is not a GGUF artifact, which VLFLEET_ENGINE=llamacpp needs (make one with "
+                         "`vlfleet model.gguf`; OpenVINO artifacts are served by the serial and batching engines)")
+    return GgufFiles(Path(model_dir) / files["language_model"], Path(model_dir) / files["mmproj"])
+
+
+def server_binary(configured: Path | None) -> Path:
+    found = configured or (Path(p) if (p := shutil.which("llama-server")) else None)
+    if found is None or not Path(found).is_file():
+        raise ChildError(f"llama-server not found ({configured or 'not on PATH'}): set VLFLEET_LLAMACPP_SERVER to "
+                         "the binary `vlfleet llamacpp.build` prints")
+    return Path(found)
+
+
+def context_size(settings) -> int:
+    """The KV cache in tokens: the longest prompt plus the longest answer the service accepts, unless set."""
+    return settings.llamacpp_ctx or settings.max_input_tokens + settings.max_tokens
+
+
+def threads(settings) -> int:
+    return settings.threads or len(os.sched_getaffinity(0))
+
+
+def server_command(settings) -> list[str]:
+    """llama-server on loopback, one slot (the engine sends one request at a time), a host-memory prompt cache no
+    larger than VLFLEET_KV_CACHE_GB (llama-server's own default is 8 GiB)."""
+    files = gguf_files(settings.model_dir)
+    n = str(threads(settings))
+    return [str(server_binary(settings.llamacpp_server)), "-m", str(files.language_model), "--mmproj",
+            str(files.mmproj), "-t", n, "-tb", n, "-c", str(context_size(settings)), "-np", "1",
+            "--cache-ram", str(settings.kv_cache_gb * 1024), "--host", "127.0.0.1", "--port", "0", "--no-webui"]
+
+
+def _pdeathsig():
+    """A preexec_fn that arms PR_SET_PDEATHSIG; prctl is looked up here, before fork, so the child only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return arm
+
+
+class LlamaServerChild:
+    """One llama-server process at a time: ``start`` (bounded wait for /health), ``alive``, ``stop``."""
+
+    def __init__(self, command: list[str]):
+        self.command = command
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.key = ""
+        self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._port_seen = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def endpoint(self) -> Endpoint | None:
+        """Where to send requests while the child runs and listens, else None."""
+        return Endpoint(self.port, self.key) if self.port is not None and self.alive() else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def start(self, timeout: float) -> None:
+        """Start llama-server and wait until it answers /health 200 (model loaded); ChildError otherwise."""
+        self.stop()
+        self.port, self._port_seen, self.key = None, threading.Event(), secrets.token_urlsafe(24)
+        self.tail.clear()
+        # The key goes by environment, not argv, which every user of the host can read in ps.
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env={**os.environ, "LLAMA_API_KEY": self.key},
+                                     preexec_fn=_pdeathsig())
+        threading.Thread(target=self._read_output, args=(self.proc,), name="llama-server-log", daemon=True).start()
+        log.info("llama-server started", extra={"pid": self.proc.pid, "command": " ".join(self.command)})
+        try:
+            self._wait_healthy(time.monotonic() + timeout, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self, deadline: float, timeout: float) -> None:
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ChildError(f"llama-server exited with code {self.exit_code()} while loading: {self.last_lines()}")
+            if self._port_seen.wait(0.25) and self._healthy():
+                return
+        raise ChildError(f"llama-server did not load the model within {timeout:g} s "
+                         f"(VLFLEET_LLAMACPP_START_TIMEOUT): {self.last_lines()}")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError):  # 503 while loading, or not listening yet
+            return False
+
+    def _read_output(self, proc: subprocess.Popen) -> None:
+        """Log each line llama-server writes and find its port; ends when the child's output closes."""
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.tail.append(line)
+            if self.port is None and (m := _LISTENING.search(line)):
+                self.port = int(m.group(1))
+                self._port_seen.set()
+            level = (m.group(1) if (m := _LEVEL.match(line)) else "I")
+            log.log(logging.ERROR if level == "E" else logging.WARNING if level == "W" else logging.DEBUG,
+                    "llama-server", extra={"pid": proc.pid, "line": line[:2000]})
+
+    def last_lines(self, n: int = 5) -> str:
+        return " | ".join(list(self.tail)[-n:]) or "(no output)"
+
+    def stop(self) -> None:
+        """SIGTERM to the PID we started, SIGKILL after STOP_GRACE_S."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.info("llama-server stopped", extra={"pid": proc.pid, "exit_code": proc.returncode})

@@ -1,0 +1,117 @@
+"""The llamacpp engine's parts that need no llama-server: its request, its command line, its image-token count."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.conversation import Conversation, Sampling, Turn
+from service.engine import LlamaCppEngine, make_engine
+from service.engine.llamacpp import LLAMA_GRID, LlamaPromptLimits
+from service.engine.llamacpp_api import Endpoint, messages, request_body
+from service.engine.llamacpp_child import ChildError, context_size, server_command
+from service.images import PreparedImage
+from service.prompt_limits import VisionGrid
+from service.settings import load
+
+
+def image(width: int = 48, height: int = 32, seed: int = 0) -> PreparedImage:
+    pixels = np.random.default_rng(seed).integers(0, 256, (1, height, width, 3), dtype=np.uint8)
+    return PreparedImage(pixels, f"digest-{seed}-{width}x{height}", (width, height))
+
+
+def conversation() -> Conversation:
+    return Conversation((Turn("user", "What is it?", (image(),)), Turn("assistant", "A cat."),
+                         Turn("user", "Which colour?")))
+
+
+@pytest.fixture
+def gguf_artifact(tmp_path):
+    files = {"language_model": "language-model-Q4_0.gguf", "mmproj": "mmproj-q8_0.gguf"}
+    (tmp_path / "manifest.json").write_text(json.dumps({"weight_format": {"format": "gguf", "files": files}}))
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    return tmp_path, binary
+
+
+def test_messages_send_each_image_as_a_lossless_png_before_its_turns_text():
+    conv = conversation()
+    sent = messages(conv)
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert sent[1]["content"] == "A cat." and sent[2]["content"] == "Which colour?"
+    (part, text) = sent[0]["content"]
+    assert text == {"type": "text", "text": "What is it?"} and part["type"] == "image_url"
+    head, data = part["image_url"]["url"].split(",", 1)
+    assert head == "data:image/png;base64"
+    decoded = np.asarray(Image.open(io.BytesIO(base64.b64decode(data))))[None]
+    assert np.array_equal(decoded, conv.images[0].pixels)  # the pixels the service prepared, exactly
+    assert messages(conv) == sent  # the same image is the same bytes: llama.cpp's image hash matches on a follow-up
+
+
+def test_messages_for_counting_put_a_marker_where_each_image_goes():
+    assert messages(conversation(), marker="<m>")[0] == {"role": "user", "content": "<m>What is it?"}
+
+
+def test_request_is_streamed_greedy_by_default_and_reuses_the_cached_prompt():
+    body = request_body(conversation(), Sampling(max_tokens=16))
+    assert body["stream"] is True and body["cache_prompt"] is True and body["stream_options"]["include_usage"]
+    assert body["temperature"] == 0.0 and body["max_tokens"] == 16 and body["ignore_eos"] is False
+    assert body["top_k"] == 0 and body["min_p"] == 0.0  # sampling follows temperature and top_p alone
+    assert "seed" not in body and "stop" not in body
+    sampled = request_body(conversation(), Sampling(max_tokens=4, temperature=0.7, top_p=0.9, seed=3, stop=("\n",),
+                                                    ignore_eos=True))
+    assert (sampled["temperature"], sampled["top_p"], sampled["seed"], sampled["stop"], sampled["ignore_eos"]) == (
+        0.7, 0.9, 3, ["\n"], True)
+
+
+def test_an_endpoint_sends_its_key():
+    assert Endpoint(1234, "k").headers() == {"Authorization": "Bearer k", "Content-Type": "application/json"}
+    assert Endpoint(1234, "k").headers(body=False) == {"Authorization": "Bearer k"}
+
+
+def test_llama_cpp_rounds_the_image_grid_half_away_from_zero():
+    # 448x336: 336 / 32 = 10.5 rows of merged patches. Python's round gives 10, llama.cpp's (C) gives 11.
+    assert VisionGrid(min_pixels=8192, max_pixels=4096 * 1024).tokens(448, 336) == 14 * 10
+    assert LLAMA_GRID.tokens(448, 336) == 14 * 11
+    assert LLAMA_GRID.tokens(96, 64) == 4 * 3  # below 8 tokens: scaled up to at least 8192 pixels
+    assert LLAMA_GRID.tokens(448, 448) == 14 * 14
+
+
+def test_the_command_runs_llama_server_on_loopback_with_one_slot(gguf_artifact):
+    artifact, binary = gguf_artifact
+    settings = load({"VLFLEET_MODEL_DIR": str(artifact), "VLFLEET_LLAMACPP_SERVER": str(binary),
+                     "VLFLEET_THREADS": "3", "VLFLEET_MAX_INPUT_TOKENS": "1000", "VLFLEET_MAX_TOKENS": "200"})
+    cmd = server_command(settings)
+    assert cmd[0] == str(binary)
+    flags = dict(zip(cmd[1::2], cmd[2::2], strict=False))
+    assert flags["-m"] == str(artifact / "language-model-Q4_0.gguf")
+    assert flags["--mmproj"] == str(artifact / "mmproj-q8_0.gguf")
+    assert flags["-t"] == flags["-tb"] == "3" and flags["-np"] == "1"
+    assert flags["-c"] == "1200" == str(context_size(settings))  # the longest prompt plus the longest answer
+    assert flags["--host"] == "127.0.0.1" and flags["--port"] == "0"  # loopback, a port the kernel picks
+    assert flags["--cache-ram"] == "2048"  # VLFLEET_KV_CACHE_GB, not llama-server's 8 GiB default
+    assert context_size(settings.replace(llamacpp_ctx=4096)) == 4096
+
+
+def test_a_missing_binary_or_an_openvino_artifact_is_named(gguf_artifact, tmp_path):
+    artifact, _ = gguf_artifact
+    settings = load({"VLFLEET_MODEL_DIR": str(artifact), "VLFLEET_LLAMACPP_SERVER": str(tmp_path / "nope")})
+    with pytest.raises(ChildError, match="set VLFLEET_LLAMACPP_SERVER"):
+        server_command(settings)
+    ir = tmp_path / "ir"
+    ir.mkdir()
+    (ir / "manifest.json").write_text(json.dumps({"weight_format": {"format": "int4"}}))
+    with pytest.raises(ChildError, match="is not a GGUF artifact"):
+        server_command(settings.replace(model_dir=ir))
+
+
+def test_vlfleet_engine_llamacpp_makes_the_llamacpp_engine(gguf_artifact):
+    artifact, _ = gguf_artifact
+    engine = make_engine(load({"VLFLEET_MODEL_DIR": str(artifact), "VLFLEET_ENGINE": "llamacpp"}))
+    assert isinstance(engine, LlamaCppEngine) and isinstance(engine.limits, LlamaPromptLimits)
+    assert not engine.ready.is_set()  # nothing starts before start()
