@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.fleet import FleetError, Host, load_inventory
+from ops.fleet.inventory import FleetError, Host, load_inventory
 
 
 class InventoryError(RuntimeError):

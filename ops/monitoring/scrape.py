@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from ops.fleet import Host
+from ops.fleet.inventory import Host
 from ops.monitoring import ALERTS, DASHBOARD
 from ops.monitoring.inventory import resolve
 

@@ -106,7 +106,7 @@ def slowest(hosts: Sequence[dict]) -> list[dict]:
 
 def _facts(conn, host) -> dict[str, Any]:
     """`service.probe facts`, as root with the system python3 (it reads what only root may)."""
-    from ops.fleet import StepError
+    from ops.fleet.transport import StepError
 
     cmd = shlex.join(["sudo", "-n", *service_probe.argv(host.python, "facts", host.root)])
     done = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=120)
@@ -131,7 +131,8 @@ def _latency(conn, host, row: dict[str, Any], opts: Options) -> list[dict]:
 
 def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
     """Everything about one host; an unreachable host gets ``error`` instead of facts (the report still renders)."""
-    from ops.fleet import StepError, describe_error
+    from ops.fleet.batches import describe_error
+    from ops.fleet.transport import StepError
 
     host = fleet.host(name)
     groups = [g for g in host.groups if g not in ("all", "ungrouped")]
@@ -180,7 +181,8 @@ def _checklist(inventory: Path, names: list[str], opts: Options, out_dir: Path, 
 def build(inventory: Path | str, out_dir: Path | str, opts: Options | None = None,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Gather, write report.json, the charts and report.html into ``out_dir``; return the report data."""
-    from ops.fleet import Fleet, FleetError, Inventory
+    from ops.fleet.inventory import FleetError, Inventory
+    from ops.fleet.transport import Fleet
     from ops.monitoring.inventory import InventoryError, load
     from ops.report.page import render, write_charts
 

@@ -35,7 +35,7 @@ def _open_fleet(inventory: str, only: str | None, drain_timeout: float = 60, rea
 
 def _plan(fleet, batch: str, action: str, target: str, yes: bool, dry: bool) -> None:
     from ops.fleet import status, status_table
-    from ops.rollout import RolloutError, plan_batches
+    from ops.fleet.batches import RolloutError, plan_batches
 
     try:
         batches = plan_batches([h.name for h in fleet.hosts], batch)
@@ -69,7 +69,7 @@ def rollout(c, release, inventory="inventory.yml", wheelhouse=None, artifact=Non
             max_fail="0", parallel=4, only=None, drain_timeout=60, ready_timeout=600, keep=3, yes=False, dry=False):
     """Roll a release out: canary, then batches; per host drain, install, restart, gate, undrain (or roll back)."""
     from ops import fleet as ops_fleet
-    from ops.rollout import RolloutError
+    from ops.fleet.batches import RolloutError
 
     try:
         rel = ops_fleet.Release(release, Path(wheelhouse).expanduser() if wheelhouse else None,
@@ -91,7 +91,7 @@ def rollback(c, to=None, inventory="inventory.yml", batch="1,25%,50%", max_fail=
              drain_timeout=60, ready_timeout=600, yes=False, dry=False):
     """Put the hosts back on their previous release (or --to RELEASE), rolling, with the same gates."""
     from ops import fleet as ops_fleet
-    from ops.rollout import RolloutError
+    from ops.fleet.batches import RolloutError
 
     with _open_fleet(inventory, only, drain_timeout, ready_timeout) as fleet:
         _plan(fleet, batch, "rollback", to or "previous release", yes, dry)
@@ -107,7 +107,7 @@ def restart(c, inventory="inventory.yml", batch="1", max_fail="0", parallel=4, o
             ready_timeout=600, yes=False, dry=False):
     """Restart the service host by host: drain, restart, wait for /readyz and a smoke answer, undrain."""
     from ops import fleet as ops_fleet
-    from ops.rollout import RolloutError
+    from ops.fleet.batches import RolloutError
 
     with _open_fleet(inventory, only, drain_timeout, ready_timeout) as fleet:
         _plan(fleet, batch, "restart", "current release", yes, dry)
@@ -137,7 +137,7 @@ def logs(c, host, inventory="inventory.yml", follow=False, lines=100):
     """The service's journal on one host (journalctl -u vlfleet)."""
     import shlex
 
-    from ops.rollout import describe_error
+    from ops.fleet.batches import describe_error
 
     with _open_fleet(inventory, host) as fleet:
         h = fleet.host(host)

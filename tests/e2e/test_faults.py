@@ -219,8 +219,7 @@ def _releases(inventory: Path) -> dict[str, tuple[str | None, bool]]:
 
 def test_host_down_in_the_middle_of_its_rollout_batch(inventory, hosts):
     from ops import fleet as ops_fleet
-    from ops.fleet import Fleet, Release, Timeouts, load_inventory
-    from ops.rollout import Outcome
+    from ops.fleet import Fleet, Outcome, Release, Timeouts, load_inventory
 
     canary, victim, *rest = _vlm(hosts)  # batches of one: canary, then the host that goes down, then the rest
     assert rest, "needs three service hosts"

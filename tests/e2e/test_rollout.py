@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from ops import fleet as ops_fleet
-from ops.fleet import Fleet, Release, Timeouts, load_inventory
-from ops.rollout import Outcome
+from ops.fleet import Fleet, Outcome, Release, Timeouts, load_inventory
 from tests.e2e.site_vars import converge
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from ops.prometheus_text import histogram_quantile, info_labels
-from ops.rollout import (
+from ops.fleet.batches import (
     HostResult,
     Outcome,
     RolloutError,
@@ -20,6 +19,7 @@ from ops.rollout import (
     plan_batches,
     run_batches,
 )
+from ops.fleet.prometheus_text import histogram_quantile, info_labels
 
 
 @pytest.mark.parametrize(("spec", "total", "sizes"), [

@@ -1,4 +1,4 @@
-"""The host side of fleet operations (ops/host_agent.py) on local directories, and how Fabric ships it."""
+"""The host side of fleet operations (ops/fleet/host_agent.py) on local directories, and how Fabric ships it."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from ops import host_agent
 from ops.fleet import (
     Release,
     StepError,
-    _agent_command,
     agent_args,
     agent_command_name,
+    host_agent,
     parse_agent_output,
     parse_inventory_json,
     release_env,
     render_env,
 )
-from ops.host_agent import AgentError, established_clients, set_drained
+from ops.fleet.host_agent import AgentError, established_clients, set_drained
+from ops.fleet.transport import _agent_command
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = [("c1", "10.250.77.11"), ("c2", "10.250.77.12"), ("vm1", "10.250.77.101")]

@@ -13,8 +13,7 @@ from fabric.testing.base import Command, MockRemote, Session
 from paramiko.ssh_exception import NoValidConnectionsError, SSHException
 
 from ops import fleet as ops_fleet
-from ops.fleet import Fleet, Release, Timeouts, agent_args, agent_command_name, parse_inventory_json
-from ops.rollout import Outcome
+from ops.fleet import Fleet, Outcome, Release, Timeouts, agent_args, agent_command_name, parse_inventory_json
 
 ADDR = {"h1": "10.9.0.11", "h2": "10.9.0.12", "h3": "10.9.0.13", "lb1": "10.9.0.10"}
 

@@ -1,0 +1,133 @@
+"""A release to roll out (id, wheelhouse, artifact, env changes), its env file as the vlm_service role renders it,
+and staging it on a host beside the running one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ops.fleet.host_agent as host_agent
+from ops.fleet.inventory import FleetError
+from ops.fleet.transport import Fleet
+from ops.paths import repo_root
+
+
+@dataclass
+class Release:
+    """What to roll out: a release id, and what differs from the release each host runs now."""
+
+    id: str
+    wheelhouse: Path | None = None  # new code/pins: a wheelhouse dir (None: reuse the current release's venv)
+    artifact: Path | None = None  # new model: an artifact dir with manifest.json (None: keep the current model)
+    env: dict[str, str] = field(default_factory=dict)  # VLFLEET_* changes; an empty value removes the variable
+
+    def __post_init__(self) -> None:
+        try:
+            host_agent.check_id(self.id)
+        except host_agent.AgentError as e:
+            raise FleetError(f"--release: {e}") from None
+        if self.wheelhouse is not None and not (self.wheelhouse / "requirements.txt").is_file():
+            raise FleetError(f"--wheelhouse {self.wheelhouse}: no requirements.txt there; build one with "
+                             f"`vlfleet wheelhouse.build --python X.Y --out DIR`")
+        if self.artifact is not None and not (self.artifact / "manifest.json").is_file():
+            raise FleetError(f"--artifact {self.artifact}: no manifest.json there; build one with "
+                             f"`vlfleet model.build`")
+        bad = [k for k in self.env if not k.startswith("VLFLEET_")]
+        if bad:
+            raise FleetError(f"--env: only VLFLEET_* settings belong in a release's env file, not {', '.join(bad)}")
+
+    @property
+    def wheelhouse_sha(self) -> str | None:
+        if self.wheelhouse is None:
+            return None
+        return hashlib.sha256((self.wheelhouse / "requirements.txt").read_bytes()).hexdigest()
+
+    @property
+    def artifact_id(self) -> str | None:
+        if self.artifact is None:
+            return None
+        return json.loads((self.artifact / "manifest.json").read_text())["artifact_id"]
+
+
+def parse_env(pairs: str | None) -> dict[str, str]:
+    """"K=V,K2=V2" -> dict (a value may not contain commas; repeat --env for such values)."""
+    env: dict[str, str] = {}
+    for pair in (p for p in (pairs or "").split(",") if p.strip()):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise FleetError(f"--env: {pair!r} is not KEY=VALUE")
+        env[key.strip()] = value.strip()
+    return env
+
+
+def render_env(environment: Mapping[str, str]) -> str:
+    """The release's env file, from the same template the vlm_service role renders."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(repo_root() / "templates"), trim_blocks=True,
+                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    return env.get_template("vlfleet.env.j2").render(vlm_service_environment=dict(environment))
+
+
+def release_env(current: Mapping[str, str], release: Release, root: str) -> dict[str, str]:
+    env = dict(current)
+    env["VLFLEET_RELEASE_ID"] = release.id
+    if release.artifact_id:
+        env["VLFLEET_MODEL_DIR"] = f"{root}/models/{release.artifact_id}"
+    for key, value in release.env.items():
+        if value == "":
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def _upload_dir(conn, local: Path, remote: str) -> None:
+    """Copy a directory tree to ``remote`` (a fresh path the SSH user may write) over SFTP."""
+    conn.run(f"rm -rf {shlex.quote(remote)} && mkdir -p {shlex.quote(remote)}", hide=True, in_stream=False)
+    sftp = conn.sftp()
+    for path in sorted(local.rglob("*")):
+        target = f"{remote}/{path.relative_to(local).as_posix()}"
+        if path.is_dir():
+            sftp.mkdir(target)
+        elif path.is_file():
+            sftp.put(str(path), target)
+
+
+def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, Any]) -> str:
+    """Put ``release`` on the host beside the running one; returns what was done."""
+    h = fleet.host(name)
+    conn = fleet.conns[name]
+    args: dict[str, Any] = {"root": h.root, "release": release.id, "python": h.python,
+                            "group": h.var("vlm_service_group", "vlfleet"),
+                            "env_text": render_env(release_env(info["env"], release, h.root))}
+    sha = release.wheelhouse_sha
+    if sha is None:
+        args["venv_from"] = info["current"]
+    else:
+        # python_runtime names a release after its wheelhouse by default (sha256 of requirements.txt, 12 digits)
+        same = [r["id"] for r in info["releases"] if r["complete"] and (r["wheelhouse_sha"] == sha or
+                                                                        r["id"] == sha[:12])]
+        if same:
+            args["venv_from"] = same[-1]
+        else:
+            upload = f"/tmp/vlfleet-upload-{sha[:12]}"  # a fresh dir of the SSH user, moved by root
+            _upload_dir(conn, release.wheelhouse, upload)  # type: ignore[arg-type]
+            dest = f"{h.root}/wheelhouses/{release.id}"
+            fleet.agent(name, "place", {"src": upload, "dest": dest})
+            args["wheelhouse"] = dest
+    done = fleet.agent(name, "stage", args, timeout=1900)
+    what = f"venv {done['venv']}"
+    if release.artifact_id and release.artifact_id not in info["models"]:
+        upload = f"/tmp/vlfleet-upload-{release.artifact_id[:40]}"  # as above
+        _upload_dir(conn, release.artifact, upload)  # type: ignore[arg-type]
+        fleet.agent(name, "place", {"src": upload, "dest": f"{h.root}/models/{release.artifact_id}",
+                                    "verify_with": f"{h.root}/releases/{release.id}/venv/bin/python"},
+                    timeout=1900)
+        what += f", model {release.artifact_id} copied and verified"
+    return what

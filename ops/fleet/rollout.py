@@ -1,0 +1,78 @@
+"""Rollout of a release, rollback and rolling restart across the fleet. One host's change, in order:
+
+  stage the release beside the running one (venv, env file, model)  -- nothing serving changes yet
+  drain it in nginx on every lb host (marked `down`, reload)          -- no new requests reach it
+  wait until its in-flight requests finish (bounded by --drain-timeout)
+  switch `current`, restart the unit, wait for /readyz naming the release and a real smoke answer
+  put it back in nginx; on a failed gate: switch back to the previous release, gate again, put it back
+
+Batching, parallelism and the --max-fail stop are ops/fleet/batches.py's; the per-host steps, ops/fleet/transport.py's.
+"""
+
+from __future__ import annotations
+
+from ops.fleet.batches import HostResult, Outcome, Report, describe_error, run_batches
+from ops.fleet.release import Release, stage_release
+from ops.fleet.transport import Fleet, StepError
+
+
+def rollout(fleet: Fleet, release: Release, *, batch: str = "1,25%,50%", max_fail: str | int = 0,
+            parallel: int = 4, keep: int = 3) -> Report:
+    def step(name: str) -> HostResult:
+        try:
+            info = fleet.describe(name)
+            if not info.get("current"):
+                raise StepError("no current release on the host: converge it with `vlfleet site` first")
+            before = info["current"]
+            if before == release.id:
+                probe = fleet.probe(name)
+                if probe.get("readyz_status") == 200:
+                    return HostResult(name, Outcome.UNCHANGED, release=before, before=before,
+                                      message="already on it and ready")
+            staged = stage_release(fleet, name, release, info)
+        except Exception as e:  # nothing serving was touched yet: say so
+            outcome, message = (Outcome.FAILED, str(e)) if isinstance(e, StepError) else describe_error(e)
+            return HostResult(name, outcome, message=f"{message} (before any change; still serving)")
+        result = fleet.swap_in(name, release.id, before if before != release.id else None)
+        result.message = f"{staged}; {result.message}"
+        if result.outcome is Outcome.OK:
+            try:
+                pruned = fleet.agent(name, "prune", {"root": fleet.host(name).root, "keep": keep})
+                if pruned["removed"]:
+                    result.message += f"; pruned {', '.join(pruned['removed'])}"
+            except Exception as e:  # pruning is housekeeping; the host is fine
+                result.message += f"; prune failed: {e}"
+        return result
+
+    return run_batches("rollout", release.id, [h.name for h in fleet.hosts], step, batch=batch,
+                       max_fail=max_fail, parallel=parallel, echo=fleet.echo)
+
+
+def rollback(fleet: Fleet, to: str | None = None, *, batch: str = "1,25%,50%", max_fail: str | int = 0,
+             parallel: int = 4) -> Report:
+    def step(name: str) -> HostResult:
+        try:
+            info = fleet.describe(name)
+            target = to or info.get("previous")
+            if not target:
+                raise StepError("no previous release recorded on the host: pass --to RELEASE")
+            have = {r["id"] for r in info["releases"] if r["complete"]}
+            if target not in have:
+                raise StepError(f"release {target} is not on the host (it has {', '.join(sorted(have)) or 'none'})")
+        except Exception as e:
+            outcome, message = (Outcome.FAILED, str(e)) if isinstance(e, StepError) else describe_error(e)
+            return HostResult(name, outcome, message=f"{message} (nothing changed)")
+        if info["current"] == target:
+            return HostResult(name, Outcome.UNCHANGED, release=target, before=target, message="already on it")
+        return fleet.swap_in(name, target, info["current"])
+
+    return run_batches("rollback", to or "previous release", [h.name for h in fleet.hosts], step, batch=batch,
+                       max_fail=max_fail, parallel=parallel, echo=fleet.echo)
+
+
+def restart(fleet: Fleet, *, batch: str = "1", max_fail: str | int = 0, parallel: int = 4) -> Report:
+    def step(name: str) -> HostResult:
+        return fleet.swap_in(name, None, None)
+
+    return run_batches("restart", "current release", [h.name for h in fleet.hosts], step, batch=batch,
+                       max_fail=max_fail, parallel=parallel, echo=fleet.echo)

@@ -1,0 +1,205 @@
+"""Talking to the live fleet's hosts over SSH with Fabric: one connection per host, the host agent's command line
+(ops/fleet/host_agent.py, whose source travels with every call: `sudo python3 -c ...`, so a host needs only its
+distribution's python3) and its answer, and the steps that change one host (drain in nginx, quiesce, activate and
+gate, undrain; back to the previous release on a failed gate)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+import shlex
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ops.fleet.host_agent as host_agent
+from ops.fleet.batches import HostResult, Outcome, describe_error
+from ops.fleet.inventory import FleetError, Host, Inventory
+
+AGENT_SOURCE = Path(host_agent.__file__).read_text()
+
+
+class StepError(RuntimeError):
+    """A host step reported a failure (the host agent's error, or a bad answer)."""
+
+
+
+def _agent_command(python: str, command: str, args: Mapping[str, Any], lock: str | None = None) -> str:
+    code = base64.b64encode(zlib.compress(AGENT_SOURCE.encode(), 9)).decode()
+    boot = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{code}')))"
+    payload = base64.b64encode(json.dumps(dict(args)).encode()).decode()
+    prefix = f"sudo -n flock {shlex.quote(lock)} " if lock else "sudo -n "
+    return f"{prefix}{python} -c {shlex.quote(boot)} {command} {payload}"
+
+
+def agent_command_name(cmd: str) -> str:
+    """The host agent subcommand a command line runs (for tests and logs)."""
+    return cmd.split()[-2]
+
+
+def agent_args(cmd: str) -> dict:
+    return json.loads(base64.b64decode(cmd.split()[-1]))
+
+
+def parse_agent_output(stdout: str, stderr: str, exited: int) -> dict:
+    lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
+    if lines:
+        try:
+            result = json.loads(lines[-1])
+        except ValueError:
+            result = None
+        if isinstance(result, dict):
+            if "error" in result:
+                raise StepError(result["error"])
+            if exited == 0:
+                return result
+    tail = (stderr or stdout).strip().splitlines()[-3:]
+    if exited != 0 and any("sudo" in line and "password" in line for line in tail):
+        raise StepError("sudo asks for a password: the SSH user needs passwordless sudo on the host")
+    raise StepError(f"host agent failed (exit {exited}): {' | '.join(tail)[:400] or 'no output'}")
+
+
+@dataclass
+class Timeouts:
+    connect: int = 15
+    drain: float = 60.0  # in-flight requests get this long to finish once the host is out of nginx
+    ready: float = 600.0  # model load + warm-up + smoke answer after a restart
+    command: float = 300.0  # any other remote step
+
+
+class Fleet:
+    """Connections to the hosts of an inventory, and the steps that change one host."""
+
+    def __init__(self, inventory: Inventory, *, group: str = "vlm", lb_group: str = "lb",
+                 limit: Iterable[str] | None = None, timeouts: Timeouts | None = None,
+                 echo: Callable[[str], None] | None = print) -> None:
+        from fabric import Connection
+
+        self.inventory = inventory
+        self.timeouts = timeouts or Timeouts()
+        self.echo = echo or (lambda _line: None)
+        members = inventory.group(group)
+        if not members:
+            raise FleetError(f"the inventory has no hosts in group {group!r}")
+        if limit:
+            wanted = list(limit)
+            unknown = [h for h in wanted if h not in {m.name for m in members}]
+            if unknown:
+                raise FleetError(f"host {', '.join(unknown)} is not in group {group!r} of the inventory "
+                                 f"(it has {', '.join(m.name for m in members)})")
+            members = [m for m in members if m.name in wanted]
+        self.hosts: list[Host] = members
+        self.lbs: list[Host] = inventory.group(lb_group)
+        self._lb_lock = threading.Lock()
+        # Connections are made up front, in inventory order: a host's connection is used by one thread at a time.
+        self.conns = {h.name: self._connect(Connection, h) for h in self.hosts + self.lbs}
+
+    def _connect(self, connection_class, host: Host):
+        kwargs: dict[str, Any] = {"banner_timeout": self.timeouts.connect, "auth_timeout": self.timeouts.connect}
+        key = host.var("ansible_ssh_private_key_file") or host.var("ansible_private_key_file")
+        if key:
+            kwargs["key_filename"] = str(Path(str(key)).expanduser())
+        port = host.var("ansible_port") or host.var("ansible_ssh_port")
+        return connection_class(host.address, user=host.var("ansible_user"), port=int(port) if port else None,
+                                connect_timeout=self.timeouts.connect, connect_kwargs=kwargs)
+
+    def close(self) -> None:
+        for c in self.conns.values():
+            # closing a dead connection must not hide the report
+            with contextlib.suppress(Exception):
+                c.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def host(self, name: str) -> Host:
+        return self.inventory.hosts[name]
+
+    def agent(self, name: str, command: str, args: Mapping[str, Any], timeout: float | None = None,
+              lock: str | None = None) -> dict:
+        host = self.host(name)
+        cmd = _agent_command(host.python, command, args, lock)
+        res = self.conns[name].run(cmd, hide=True, warn=True, in_stream=False,
+                                   timeout=timeout or self.timeouts.command)
+        return parse_agent_output(res.stdout, res.stderr, res.exited)
+
+    # -- load balancer -------------------------------------------------------------------------------------------
+
+    def set_drained(self, drain: list[str], undrain: list[str]) -> None:
+        """Mark hosts drained / back in rotation on every lb host (serialized: one nginx site per lb)."""
+        if not self.lbs:
+            return
+        with self._lb_lock:
+            for lb in self.lbs:
+                site = f"/etc/nginx/sites-available/{lb.var('lb_site_name', 'vlfleet')}"
+                self.agent(lb.name, "lb", {"site": site, "drain": drain, "undrain": undrain},
+                           lock="/run/lock/vlfleet-lb.lock")
+
+    # -- one host ------------------------------------------------------------------------------------------------
+
+    def describe(self, name: str) -> dict:
+        return self.agent(name, "describe", {"root": self.host(name).root})
+
+    def probe(self, name: str) -> dict:
+        h = self.host(name)
+        return self.agent(name, "probe", {"root": h.root, "unit": h.unit}, timeout=60)
+
+    def activate(self, name: str, release: str | None) -> dict:
+        h = self.host(name)
+        return self.agent(name, "activate", {"root": h.root, "unit": h.unit, "release": release,
+                                             "timeout": self.timeouts.ready},
+                          timeout=self.timeouts.ready + 180)
+
+    def swap_in(self, name: str, release: str | None, before: str | None) -> HostResult:
+        """Drain, wait for in-flight requests, activate ``release`` (None: restart), gate, undrain; on a failed
+        gate go back to ``before`` (when given). Exceptions leave the host drained and become its result."""
+        drained = False
+        try:
+            self.set_drained([name], [])
+            drained = True
+            h = self.host(name)
+            q = self.agent(name, "quiesce", {"root": h.root, "timeout": self.timeouts.drain},
+                           timeout=self.timeouts.drain + 60)
+            note = f"drained ({q['waited_s']:.0f}s" + (f", {q['left']} request(s) cut off)" if q["left"] else ")")
+            res = self.activate(name, release)
+            if res["ok"]:
+                self.set_drained([], [name])
+                smoke = res.get("smoke") or {}
+                return HostResult(name, Outcome.OK, release=res["release"], before=before or res.get("from"),
+                                  message=f"{note}; ready in {res['ready_s']:.0f}s; smoke {smoke.get('tokens')} "
+                                          f"tokens in {smoke.get('seconds')}s")
+            why = res["reason"] + _journal_hint(res.get("journal"))
+            if not before:  # a restart has nothing to go back to
+                return HostResult(name, Outcome.FAILED, release=res.get("release"), before=before,
+                                  message=f"{why}; left out of nginx")
+            back = self.activate(name, before)
+            if back["ok"]:
+                self.set_drained([], [name])
+                return HostResult(name, Outcome.ROLLED_BACK, release=back["release"], before=before,
+                                  message=f"{why}; back on {before}")
+            return HostResult(name, Outcome.FAILED, release=back.get("release"), before=before,
+                              message=f"{why}; rollback to {before} failed too: {back['reason']}; left out of nginx")
+        except Exception as e:  # reported per host
+            outcome, message = (Outcome.FAILED, str(e)) if isinstance(e, StepError) else describe_error(e)
+            if drained:
+                message += "; left out of nginx (drained) until someone looks"
+            return HostResult(name, outcome, before=before, message=message)
+
+
+def _journal_hint(journal: list[str] | None) -> str:
+    """The journal line most likely to say why: the service's own last words, not systemd's bookkeeping."""
+    lines = [line for line in (journal or []) if line.strip()]
+    own = [line for line in lines if not _SYSTEMD_LINE.match(line)]
+    pick = (own or lines)[-1:]
+    return f" [journal: {pick[0][:240]}]" if pick else ""
+
+
+_SYSTEMD_LINE = re.compile(r"^(\S+\.service: |Started |Starting |Stopped |Stopping |Scheduled restart|Consumed )")
