@@ -11,10 +11,10 @@ The checklist (ops/preflight/test_checklist.py) and the fleet report (ops/report
 
 The first four run with the release venv's python, from the installed service package. `snapshot` and `facts` must
 also work where no release exists yet (they are how the checklist finds the venv), so the controller ships this
-file's source to the distribution's python3, as it does ops/host_agent.py (`argv` builds either command line). That is
-why this module imports only the standard library at the top and keeps to Python 3.10; Pillow is imported only by
-the commands that draw an image, which run in the release venv. Requests go to the service from the host itself:
-the service may bind loopback only.
+file's source to the distribution's python3, as ops/fleet/ does with ops/fleet/host_agent.py (`argv` builds either
+command line). Hence this module imports only the standard library at the top and keeps to Python 3.10; Pillow is
+imported only by the commands that draw an image, which run in the release venv. Requests go to the service from
+the host itself: the service may bind loopback only.
 """
 
 from __future__ import annotations

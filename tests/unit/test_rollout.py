@@ -1,4 +1,4 @@
-"""Batching and abort logic of rolling changes (ops/rollout.py), and the status table's metric parsing."""
+"""Batching and abort logic of rolling changes (ops/fleet/batches.py), and the status table's metric parsing."""
 
 from __future__ import annotations
 
