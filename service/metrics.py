@@ -30,6 +30,13 @@ class Metrics:
         self.prompt_tokens = Counter("vlfleet_prompt_tokens", "Prompt tokens processed", registry=r)
         self.image_encode = Histogram("vlfleet_image_encode_seconds", "Time to embed the prompt's images and text",
                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.vision_encoder_runs = Counter("vlfleet_vision_encoder_runs",
+                                           "Images run through the vision encoder (the direct engine keeps encoded "
+                                           "images, the genai engines encode every image of every prompt)",
+                                           registry=r)
+        self.reused_prompt_tokens = Counter("vlfleet_reused_prompt_tokens",
+                                            "Prompt tokens whose KV was kept from an earlier request, not computed",
+                                            registry=r)
         self.session_reuse = Counter("vlfleet_session_reuse", "Requests that continued a cached conversation",
                                      registry=r)
         self.cancelled = Counter("vlfleet_cancelled_requests", "Generations stopped because the client went away",

@@ -44,8 +44,8 @@ class VisionGrid:
                    int(size.get("shortest_edge", cfg.get("min_pixels", cls.min_pixels))),
                    int(size.get("longest_edge", cfg.get("max_pixels", cls.max_pixels))))
 
-    def tokens(self, width: int, height: int) -> int:
-        """Image tokens the language model sees for an image of ``width`` x ``height`` (Qwen's smart resize)."""
+    def resized(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) the image processor resizes an image to (Qwen's smart resize)."""
         f = self.patch * self.merge
         h, w = max(f, round(height / f) * f), max(f, round(width / f) * f)
         if h * w > self.max_pixels:
@@ -54,6 +54,12 @@ class VisionGrid:
         elif h * w < self.min_pixels:
             beta = math.sqrt(self.min_pixels / (height * width))
             h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+        return w, h
+
+    def tokens(self, width: int, height: int) -> int:
+        """Image tokens the language model sees for an image of ``width`` x ``height``."""
+        w, h = self.resized(width, height)
+        f = self.patch * self.merge
         return (h // f) * (w // f)
 
 

@@ -85,11 +85,13 @@ FIELDS: tuple[Field, ...] = (
           "an IP address or host name"),
     Field("port", _int_range(1, 65535), 8000, "TCP port to listen on.", "an integer 1-65535"),
     Field("device", _choice("CPU"), "CPU", "OpenVINO device.", "CPU"),
-    Field("engine", _choice("serial", "batching", "llamacpp"), "serial",
-          "serial: one VLMPipeline, one request at a time. batching: a "
+    Field("engine", _choice("serial", "batching", "direct", "llamacpp"), "serial",
+          "serial: one VLMPipeline, one request at a time. direct: one request at a time over the artifact's "
+          "sub-models, keeping encoded images and the conversation's KV, so a follow-up re-runs neither the vision "
+          "encoder nor the earlier turns. batching: a "
           "ContinuousBatchingPipeline whose decode steps serve several requests at once. llamacpp: a private "
           "llama-server child on a GGUF artifact (VLFLEET_MODEL_DIR made by `vlfleet model.gguf`), one request at "
-          "a time; decodes faster, first token slower (docs/engines.md).", "serial, batching or llamacpp"),
+          "a time; decodes faster, first token slower (docs/engines.md).", "serial, batching, direct or llamacpp"),
     Field("llamacpp_server", _path, None,
           "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = "
           "llama-server on PATH.", "a file path"),
@@ -166,6 +168,9 @@ FIELDS: tuple[Field, ...] = (
           "a directory path"),
     Field("answer_cache_mb", _float_range(0, 65536), 64.0,
           "Memory for cached answers to identical deterministic requests, in MiB; 0 = cache off.",
+          "a number 0-65536"),
+    Field("image_cache_mb", _float_range(0, 65536), 256.0,
+          "Memory for encoded images kept by the direct engine, in MiB (about 6 MiB per 448x448 image at 2b).",
           "a number 0-65536"),
     Field("answer_cache_entries", _int_range(0, 10_000_000), 1024, "Most answers kept in the answer cache.",
           "an integer 0-10000000"),

@@ -8,17 +8,21 @@ HTTP threads submit a Job and read its typed events; only the inference thread t
 - ``serial``: SerialEngine, one VLMPipeline answering one request at a time (the default).
 - ``batching``: BatchingEngine, a ContinuousBatchingPipeline whose requests share decode steps.
 - ``genai``: the OpenVINO GenAI specifics both engines share: prompt, generation config, pipeline loading.
+- ``direct``: DirectEngine, one request at a time over the artifact's sub-models (``vision``: the vision encoder
+  with kept results; ``stateful_lm``: the language model whose KV state follows the conversation;
+  ``direct_pipeline``: prompt, sampling and text out).
 - ``llamacpp``: LlamaCppEngine, a private llama-server child process on a GGUF artifact (``llamacpp_child``
   starts, watches and stops it; ``llamacpp_api`` is what is said to it).
 
-Dependencies point one way (events <- job <- base <- serial, batching, llamacpp; genai beside them) and the modules
-import each other directly, never this package, so importing any of them cannot make a cycle.
+Dependencies point one way (events <- job <- base <- serial, batching, direct, llamacpp; genai beside them) and
+the modules import each other directly, never this package, so importing any of them cannot make a cycle.
 """
 
 from __future__ import annotations
 
 from service.engine.base import Engine
 from service.engine.batching import BatchingEngine
+from service.engine.direct import DirectEngine
 from service.engine.events import KEEPALIVE, Done, Event, Failed, Keepalive, Started, Token
 from service.engine.genai import generation_config, load_pipeline, pipeline_properties, render_prompt
 from service.engine.job import Job
@@ -28,6 +32,7 @@ from service.engine.serial import SerialEngine
 __all__ = [
     "KEEPALIVE",
     "BatchingEngine",
+    "DirectEngine",
     "Done",
     "Engine",
     "Event",
@@ -51,6 +56,8 @@ def make_engine(settings, *args, **kwargs) -> Engine:
     (a llama-server child process)."""
     if settings.engine == "batching":
         return BatchingEngine(settings, *args, **kwargs)
+    if settings.engine == "direct":
+        return DirectEngine(settings, *args, **kwargs)
     if settings.engine == "llamacpp":
         return LlamaCppEngine(settings, *args, **kwargs)
     return SerialEngine(settings, *args, **kwargs)

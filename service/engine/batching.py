@@ -95,6 +95,8 @@ class BatchingEngine(Engine):
         images = image_tensors(conv)
         handle = self.pipeline.add_request(next(self._ids), render_prompt(self.tokenizer, conv), images, cfg)
         job.put(Started(reused_session=reused, images=len(images), cache="miss"))
+        if self.metrics:
+            self.metrics.vision_encoder_runs.inc(len(images))  # genai encodes every image of every prompt
         timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
         return Active(job, conv, handle, started, timings, IncrementalDecoder(self.tokenizer))
 

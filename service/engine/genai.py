@@ -5,21 +5,27 @@ OpenVINO is imported inside each function, so importing this module stays cheap 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from service.conversation import Conversation, Sampling
 
 
-def render_prompt(tokenizer, conv: Conversation) -> str:
+def genai_image_tag(index: int) -> str:
+    return f"<ov_genai_image_{index}>"
+
+
+def render_prompt(tokenizer, conv: Conversation, image_tag: Callable[[int], str] = genai_image_tag) -> str:
     """The whole conversation through the model's chat template, each image tagged in the turn it came with.
 
     The same conversation always renders the same prompt, and a follow-up's prompt starts with its earlier
-    turns' prompt, which is what lets the prefix cache find them.
+    turns' prompt, which is what lets the prefix cache find them. genai replaces its tags with the image's
+    tokens; the direct engine passes the model's own vision placeholder instead.
     """
     messages, index = [], 0
     for turn in conv.turns:
-        tags = "".join(f"<ov_genai_image_{index + i}>" for i in range(len(turn.images)))
+        tags = "".join(image_tag(index + i) for i in range(len(turn.images)))
         index += len(turn.images)
         messages.append({"role": turn.role, "content": tags + turn.text})
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)

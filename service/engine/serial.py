@@ -48,6 +48,8 @@ class SerialEngine(Engine):
         timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
         images = image_tensors(conv)
         job.put(Started(reused_session=reused, images=len(images), cache="miss"))
+        if self.metrics:
+            self.metrics.vision_encoder_runs.inc(len(images))  # genai encodes every image of every prompt
         pieces: list[str] = []
         cfg = generation_config(job.sampling)
         cfg.apply_chat_template = False  # rendered here, images tagged in their turns

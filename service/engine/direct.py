@@ -1,0 +1,71 @@
+"""The direct engine: one request at a time, like the serial engine, but over the artifact's sub-models
+(service.engine.direct_pipeline) so that a follow-up neither runs the vision encoder again nor recomputes the
+turns before it. The same queue, answer cache, sessions, limits, metrics and SSE as the other engines.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from service.conversation import Sampling, Timings
+from service.engine.base import Engine, warmup_conversation
+from service.engine.direct_pipeline import DirectPipeline
+from service.engine.events import Started, Token
+from service.engine.job import FINISHED, RUNNING, Job
+
+log = logging.getLogger("vlfleet.engine")
+
+
+class DirectEngine(Engine):
+    """One DirectPipeline; its kept images and KV state survive between requests (trimmed under memory pressure)."""
+
+    def _load(self):
+        return DirectPipeline(self.settings)
+
+    def trim(self) -> None:
+        super().trim()
+        if self.pipeline is not None:
+            self.pipeline.vision.trim()  # thread-safe; the KV state is the inference thread's, trimmed there
+
+    def _serve(self) -> None:
+        while True:
+            job = self._next_job()
+            self.running = job
+            try:
+                self._generate(job)
+            except Exception as e:
+                log.exception("generation failed", extra={"request_id": job.request_id})
+                self.pipeline.lm.reset()  # a half-fed state is nobody's conversation
+                self._fail(job, e)
+            finally:
+                self.running = None
+                job._transition(RUNNING, FINISHED)
+
+    def _warmup(self) -> None:
+        self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))
+        self.pipeline.trim()  # the warm-up image and prompt are nobody's
+
+    def _generate(self, job: Job) -> None:
+        started = time.monotonic()
+        conv, reused = self._resolve(job)
+        timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
+        job.put(Started(reused_session=reused, images=len(conv.images), cache="miss"))
+        pieces: list[str] = []
+
+        def on_text(text: str) -> None:
+            if timings.first_token_s is None:
+                timings.first_token_s = time.monotonic() - started
+            pieces.append(text)
+            job.put(Token(text))
+
+        stats = self.pipeline.generate(conv, job.sampling, on_text, job.cancelled.is_set)
+        timings.total_s = time.monotonic() - started
+        timings.prompt_tokens, timings.completion_tokens = stats.prompt_tokens, stats.completion_tokens
+        timings.image_encode_s = stats.image_encode_s
+        timings.extra.update(reused_tokens=stats.reused_tokens, images_encoded=stats.images_encoded)
+        if self.metrics:
+            self.metrics.vision_encoder_runs.inc(stats.images_encoded)
+            self.metrics.reused_prompt_tokens.inc(stats.reused_tokens)
+        key = None if job.cancelled.is_set() else self._sessions.remember(conv, "".join(pieces))
+        self._finish(job, pieces, timings, key)

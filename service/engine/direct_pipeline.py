@@ -1,0 +1,140 @@
+"""Qwen3-VL generation over the artifact's sub-models, without genai's pipeline: kept image embeddings and a KV
+state that follows the conversation (service.engine.vision, service.engine.stateful_lm).
+
+The tokenizer, chat template and detokenizer are the artifact's own (openvino-genai's Tokenizer), so the prompt is
+the one genai would build. Sampling is greedy unless a temperature is given (then top-p with the request's seed);
+stop strings are matched on the text, which is held back only as long as a stop string could still be completing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from service.conversation import Conversation, Sampling
+from service.detokenize import IncrementalDecoder
+from service.engine.genai import pipeline_properties, render_prompt
+from service.engine.stateful_lm import Prompt, StatefulLM, TokenIds, expand_images
+from service.engine.vision import VisionEncoder
+
+VISION_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"  # what the chat template writes for an image
+
+
+@dataclass
+class Generation:
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV was already in the state
+    completion_tokens: int = 0
+    image_encode_s: float = 0.0
+    images_encoded: int = 0  # images that went through the vision encoder (the others were kept)
+
+
+def split_properties(settings) -> tuple[dict, dict]:
+    """(vision, language model) compile properties from the same settings genai gets (its MODEL_PROPERTIES is
+    genai's per-sub-model form)."""
+    base = pipeline_properties(settings)
+    per_model = base.pop("MODEL_PROPERTIES", {})
+    return base, {**base, **per_model.get("language_model", {})}
+
+
+class DirectPipeline:
+    """Loaded once on the inference thread; ``generate`` answers one conversation at a time."""
+
+    def __init__(self, settings):
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        model_dir = Path(settings.model_dir)
+        core = ov.Core()
+        vision_props, lm_props = split_properties(settings)
+        self.tokenizer = ov_genai.Tokenizer(str(model_dir))
+        self.ids = TokenIds.of_model(model_dir)
+        self.vision = VisionEncoder(core, model_dir, settings.device, vision_props,
+                                    int(settings.image_cache_mb * 2**20))
+        self.lm = StatefulLM(core, model_dir, settings.device, lm_props)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def trim(self) -> None:
+        """Forget kept images and the conversation's KV (memory pressure)."""
+        self.vision.trim()
+        self.lm.reset()
+
+    def prompt(self, conv: Conversation, stats: Generation) -> Prompt:
+        text = render_prompt(self.tokenizer, conv, lambda _i: VISION_PLACEHOLDER)
+        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).input_ids.data[0], dtype=np.int64)
+        runs, started = self.vision.runs, time.monotonic()
+        images = [(self.vision.encode(img.pixels, img.digest), img.digest) for img in conv.images]
+        stats.image_encode_s = time.monotonic() - started
+        stats.images_encoded = self.vision.runs - runs
+        return expand_images(ids, self.ids.image, images)
+
+    def generate(self, conv: Conversation, sampling: Sampling, on_text: Callable[[str], None],
+                 cancelled: Callable[[], bool]) -> Generation:
+        stats = Generation()
+        prompt = self.prompt(conv, stats)
+        stats.prompt_tokens = len(prompt.ids)
+        logits, stats.reused_tokens = self.lm.prefill(prompt)
+        rng = np.random.default_rng(sampling.seed)
+        text = TextOut(IncrementalDecoder(self.tokenizer), sampling.stop, on_text)
+        while True:
+            token = pick(logits, sampling, rng)
+            if token in self.ids.eos and not sampling.ignore_eos:
+                break
+            stats.completion_tokens += 1
+            if text.push(token) or stats.completion_tokens >= sampling.max_tokens or cancelled():
+                break
+            logits = self.lm.step(token, prompt.next_position + stats.completion_tokens - 1)
+        text.flush()
+        return stats
+
+
+class TextOut:
+    """Token ids in, text pieces out; the text of a stop string and all after it never goes out."""
+
+    def __init__(self, decoder: IncrementalDecoder, stop: tuple[str, ...] | list[str], on_text):
+        self._decoder, self._stop, self._on_text = decoder, tuple(s for s in stop or () if s), on_text
+        self._held = ""  # text that could be the start of a stop string
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+
+    def push(self, token: int) -> bool:
+        """Send what is safe to send; True once a stop string has been reached."""
+        self._held += self._decoder.push([token])
+        for s in self._stop:
+            at = self._held.find(s)
+            if at >= 0:
+                self._send(self._held[:at])
+                self._held = ""
+                return True
+        cut = len(self._held) - self._hold
+        if cut > 0:
+            self._send(self._held[:cut])
+            self._held = self._held[cut:]
+        return False
+
+    def flush(self) -> None:
+        self._held += self._decoder.flush()
+        self._send(self._held)
+        self._held = ""
+
+    def _send(self, piece: str) -> None:
+        if piece:
+            self._on_text(piece)
+
+
+def pick(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
+    """Greedy at temperature 0; otherwise a draw from the top-p nucleus of the tempered distribution."""
+    if sampling.temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / sampling.temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    keep = order[: int(np.searchsorted(np.cumsum(p[order]), sampling.top_p)) + 1]
+    q = p[keep] / p[keep].sum()
+    return int(keep[rng.choice(len(keep), p=q)])

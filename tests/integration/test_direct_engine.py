@@ -1,0 +1,134 @@
+"""The direct engine (VLFLEET_ENGINE=direct) on the tiny model: the same answers as the reference implementation,
+and follow-ups that run neither the vision encoder nor the earlier turns again (counted from /metrics)."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from service.conversation import Conversation, Turn
+from service.images import PreparedImage
+from tests import servers
+from tests.integration.conftest import image_message, png_bytes
+from tests.integration.test_api_clients import _ui_chat
+
+RUNS, REUSED = "vlfleet_vision_encoder_runs_total", "vlfleet_reused_prompt_tokens_total"
+MODEL = "qwen3-vl-2b-instruct"
+
+
+@pytest.fixture(scope="module")
+def direct(tiny_model, tmp_path_factory):
+    server = servers.start(tiny_model, tmp_path_factory.mktemp("direct"), VLFLEET_ENGINE="direct",
+                           VLFLEET_ANSWER_CACHE_MB="0")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(direct):
+    return OpenAI(base_url=direct.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _ask(client, messages, max_tokens=6):
+    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0)
+
+
+def _counters(server) -> tuple[float, float]:
+    return server.metric(RUNS), server.metric(REUSED)
+
+
+def test_stateless_follow_up_reuses_the_image_and_the_turns(direct, client):
+    image = png_bytes((120, 90), (20, 160, 60))
+    runs0 = direct.metric(RUNS)
+    first = [image_message("What is in this image?", image)]
+    answer = _ask(client, first)
+    runs1, reused1 = _counters(direct)
+    assert runs1 == runs0 + 1  # a new image is encoded once
+    follow = [*first, {"role": "assistant", "content": answer.choices[0].message.content},
+              {"role": "user", "content": "And its colour?"}]
+    assert _ask(client, follow).choices[0].message.content is not None
+    runs2, reused2 = _counters(direct)
+    assert runs2 == runs1  # the client re-sent the image: it was kept, not encoded again
+    # The first turn (its image tokens included) came from the KV state, not computed again.
+    assert reused2 - reused1 >= answer.usage.prompt_tokens
+
+
+def test_web_ui_session_follow_up_reuses_the_image(direct, tmp_path):
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(png_bytes((100, 140), (200, 120, 10)))
+    runs0 = direct.metric(RUNS)
+    first = _ui_chat(direct, f"image=@{picture}", "question=What is in this picture?", "max_tokens=5")
+    assert direct.metric(RUNS) == runs0 + 1
+    follow = _ui_chat(direct, f"session={first['session']}", "question=Which colour dominates?", "max_tokens=5")
+    assert follow["status"]["reused_session"] is True
+    assert direct.metric(RUNS) == runs0 + 1
+
+
+def test_another_image_is_encoded(direct, client):
+    runs0 = direct.metric(RUNS)
+    _ask(client, [image_message("What is this?", png_bytes((64, 64), (1, 2, 3)))])
+    _ask(client, [image_message("What is this?", png_bytes((64, 64), (3, 2, 1)))])
+    assert direct.metric(RUNS) == runs0 + 2
+
+
+def test_the_genai_engine_encodes_every_image_of_every_prompt(service):
+    """The same metric on the default engine: the follow-up runs the encoder again (what the direct engine saves)."""
+    oai = OpenAI(base_url=service.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    first = [image_message("What is in this image?", png_bytes((80, 80), (9, 9, 200)))]
+    runs0 = service.metric(RUNS)
+    answer = _ask(oai, first).choices[0].message.content
+    _ask(oai, [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "Sure?"}])
+    assert service.metric(RUNS) == runs0 + 2
+
+
+def _settings(model_dir) -> types.SimpleNamespace:
+    return types.SimpleNamespace(model_dir=model_dir, device="CPU", threads=0, precision="f32", lm_precision="f32",
+                                 model_cache_dir=None, image_cache_mb=64)
+
+
+def _conversation(question: str) -> Conversation:
+    pixels = np.random.default_rng(0).integers(0, 255, (1, 70, 110, 3), dtype=np.uint8)
+    return Conversation((Turn("user", question, (PreparedImage(pixels, "img", (110, 70)),)),))
+
+
+def test_prefill_matches_the_reference_implementation(tiny_model):
+    """The image processor's patches, the vision tower, the multimodal RoPE and the deepstack inputs, end to end:
+    the last position's logits equal optimum-intel's OVModelForVisualCausalLM on the same artifact and inputs."""
+    import torch
+    from optimum.intel import OVModelForVisualCausalLM
+
+    from service.engine.direct_pipeline import DirectPipeline, Generation
+    from service.engine.vision import patches
+
+    pipe = DirectPipeline(_settings(tiny_model))
+    conv = _conversation("Describe this image.")
+    prompt = pipe.prompt(conv, Generation())
+    mine, _ = pipe.lm.prefill(prompt)
+    reference = OVModelForVisualCausalLM.from_pretrained(tiny_model, ov_config={"INFERENCE_PRECISION_HINT": "f32"})
+    flat, grid = patches(conv.images[0].pixels, pipe.vision.cfg)
+    ids = torch.from_numpy(prompt.ids[None])
+    out = reference(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=torch.from_numpy(flat),
+                    image_grid_thw=torch.tensor([grid]))
+    np.testing.assert_allclose(mine, out.logits[0, -1].numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_kept_state_gives_the_logits_of_a_fresh_prefill(tiny_model):
+    """Continuing from the KV state (cut back to the common prefix) computes what a fresh prefill computes."""
+    from service.engine.direct_pipeline import DirectPipeline, Generation
+
+    pipe = DirectPipeline(_settings(tiny_model))
+    first = _conversation("Describe this image.")
+    pipe.lm.prefill(pipe.prompt(first, Generation()))
+    for token in (11, 12, 13):  # an answer the follow-up below does not repeat: the state must be cut
+        pipe.lm.step(token, 10_000)
+    follow = Conversation((*first.turns, Turn("assistant", "a picture"), Turn("user", "Which colour?")))
+    prompt = pipe.prompt(follow, Generation())
+    warm, kept = pipe.lm.prefill(prompt)
+    assert 0 < kept < len(prompt.ids)
+    pipe.lm.reset()
+    cold, kept_cold = pipe.lm.prefill(prompt)
+    assert kept_cold == 0
+    np.testing.assert_allclose(warm, cold, rtol=0, atol=1e-2 * float(np.abs(cold).max()))
