@@ -71,7 +71,10 @@ class Shape:
 
 
 SHAPES = {
-    "tiny": Shape("tiny", 3000, 3072, 64, 3, 4, 2, 32, 128, (6, 5, 5), 4, 64, 128, 4, (1, 2, 3), "float32"),
+    # 4 text layers for 3 deepstack layers: llama.cpp adds the deepstack features to the first n_deepstack layers'
+    # outputs, and on the last layer those rows are already cut to the outputs (GGML_ASSERT(ggml_can_repeat) at
+    # load when every text layer is a deepstack layer), so it needs at least one plain layer after them.
+    "tiny": Shape("tiny", 3000, 3072, 64, 4, 4, 2, 32, 128, (6, 5, 5), 4, 64, 128, 4, (1, 2, 3), "float32"),
     # Qwen3-VL-2B-Instruct's published config.json.
     "2b": Shape(
         "2b", 151643, 151936, 2048, 28, 16, 8, 128, 6144, (24, 20, 20), 24, 1024, 4096, 16, (5, 11, 17),

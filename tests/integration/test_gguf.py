@@ -2,10 +2,8 @@
 PyPI into the cache; no llama.cpp build: q8_0 and f16 are written by the converter itself): the artifact's files,
 their GGUF metadata, the manifest and its verification, a no-op second convert and reproducible content.
 
-llama-server answering is shown by `vlfleet bench` on the 2b shape, not here: it needs a 25-minute build, and
-llama.cpp 0.3.36 cannot run the tiny shape at all (its 3 text layers are all deepstack layers, and on the last
-layer the deepstack add meets the rows already cut to the outputs: GGML_ASSERT(ggml_can_repeat) at load). The 2b
-shape (28 layers, 3 deepstack) loads and answers."""
+llama-server answering on the tiny shape (as the default GGUF artifact: Q4_0 by llama-quantize, q8_0 vision
+projector) is tests/integration/test_llamacpp_engine.py, through the service's llamacpp engine."""
 
 from __future__ import annotations
 
