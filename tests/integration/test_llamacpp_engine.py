@@ -1,0 +1,184 @@
+"""VLFLEET_ENGINE=llamacpp: the real service on the tiny GGUF artifact, with its real llama-server child, through
+real clients (the openai client, curl): streamed SSE, prompt re-use on a follow-up, cancellation, the prompt limit
+counted as llama-server counts, and a killed llama-server making the service unready until the engine restarts it.
+
+llama-server comes from the project's cached build (ops.llamacpp.build, default native config): built once per
+machine and CPU (about 25 minutes on 2 cores), then found in the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from openai import OpenAI
+
+from tests import servers
+from tests.integration.conftest import image_message, png_bytes
+from tests.prereq import require_tools
+
+MODEL = "qwen3-vl-2b-instruct"
+LIMIT = 2048  # VLFLEET_MAX_INPUT_TOKENS of the module's service
+MAX_TOKENS = 30000  # long enough that an ignore_eos answer is still running when the client hangs up
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Path:
+    """The cached build, or a build now (about 25 minutes on 2 cores, once per machine and CPU)."""
+    from ops.llamacpp import build
+
+    config = build.default_config()
+    if build.find(config) is None:
+        require_tools("cmake", "c++", "make")
+    return build.build(config).binary("llama-server")
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_checkpoint) -> Path:
+    """The tiny checkpoint as the default GGUF artifact (Q4_0 language model, q8_0 vision projector)."""
+    from ops.llamacpp import gguf
+
+    return gguf.cached("tiny")
+
+
+def start(tiny_gguf: Path, llama_server: Path, log_dir: Path, **env: str) -> servers.Server:
+    return servers.start(tiny_gguf, log_dir, VLFLEET_ENGINE="llamacpp", VLFLEET_LLAMACPP_SERVER=str(llama_server),
+                         VLFLEET_LLAMACPP_START_TIMEOUT="120", **env)
+
+
+@pytest.fixture(scope="module")
+def service(tiny_gguf, llama_server, tmp_path_factory):
+    server = start(tiny_gguf, llama_server, tmp_path_factory.mktemp("llamacpp"), VLFLEET_MAX_TOKENS=str(MAX_TOKENS),
+                   VLFLEET_MAX_INPUT_TOKENS=str(LIMIT))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    return OpenAI(base_url=service.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def llama_children(server: servers.Server) -> list[psutil.Process]:
+    """The llama-server processes under the service we started (gunicorn master -> worker -> llama-server)."""
+    return [p for p in psutil.Process(server.proc.pid).children(recursive=True) if p.name() == "llama-server"]
+
+
+def inference_lines(server: servers.Server) -> list[dict]:
+    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("msg") == "inference"]
+
+
+def test_a_streamed_answer_arrives_over_sse(client, service):
+    stream = client.chat.completions.create(model=MODEL, messages=[image_message("What is on the table?")],
+                                            max_tokens=8, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage.completion_tokens == 8 and chunks[-1].usage.prompt_tokens > 14  # the image's tokens
+    # The same greedy request again: the answer cache replays the same text.
+    again = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[image_message("What is on the table?")], max_tokens=8, extra_body={"ignore_eos": True})
+    assert again.headers["X-Cache"] == "hit" and again.parse().choices[0].message.content == text
+    line = inference_lines(service)[-2]  # the streamed one; the replay logs the last line
+    assert line["cache"] == "miss" and line["completion_tokens"] == 8 and line["images"] == 1
+
+
+def test_the_web_ui_stream_carries_the_service_events(service, tmp_path):
+    image = tmp_path / "picture.png"
+    image.write_bytes(png_bytes((160, 120), (30, 90, 200)))
+    out = subprocess.run(["curl", "-sS", "-N", "--max-time", "60", "-F", f"image=@{image}", "-F",
+                          "question=What is in this picture?", "-F", "max_tokens=5", service.url + "/chat"],
+                         capture_output=True, text=True, timeout=90, check=True).stdout
+    kinds = [block.split("\n", 1)[0].removeprefix("event: ") for block in out.strip().split("\n\n")
+             if "data: " in block]
+    assert kinds[0] == "status" and "token" in kinds and kinds[-1] == "done"
+    done = json.loads(out.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    assert done["session"] and done["timings"]["completion_tokens"] >= 1
+
+
+def test_a_follow_up_resending_image_and_history_reuses_the_cached_prompt(client, service):
+    question = image_message("Which fruit is on the left?", png_bytes((200, 150), (10, 160, 40)))
+    first = client.chat.completions.create(model=MODEL, messages=[question], max_tokens=6)
+    cached_before = service.metric("vlfleet_prompt_cached_tokens_total")
+    history = [question, {"role": "assistant", "content": first.choices[0].message.content},
+               {"role": "user", "content": "And on the right?"}]
+    follow = client.chat.completions.with_raw_response.create(model=MODEL, max_tokens=6, messages=history)
+    assert follow.headers["X-Session-Reused"] == "1"
+    # llama-server took at least the whole first prompt (image included) from its KV cache.
+    assert service.metric("vlfleet_prompt_cached_tokens_total") - cached_before >= first.usage.prompt_tokens
+    assert follow.parse().usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
+    # The log line is written just after the answer's last event: wait for it.
+    servers.wait_for(lambda: inference_lines(service)[-1]["prompt_tokens"] == follow.parse().usage.prompt_tokens,
+                     10, "the follow-up's log line")
+    assert inference_lines(service)[-1]["prefix_reuse"] is True
+
+
+def test_a_client_that_hangs_up_frees_the_engine(client, service):
+    cancelled = service.metric("vlfleet_cancelled_requests_total")
+    stream = client.chat.completions.create(model=MODEL, messages=[image_message("Count to a million.")],
+                                            max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True})
+    pieces = 0
+    for chunk in stream:
+        pieces += bool(chunk.choices and chunk.choices[0].delta.content)
+        if pieces >= 3:
+            break
+    stream.close()  # the client goes away mid-answer
+    servers.wait_for(lambda: service.metric("vlfleet_cancelled_requests_total") > cancelled, 30, "the cancellation")
+    started = time.monotonic()
+    after = client.chat.completions.create(model=MODEL, messages=[image_message("And now?")], max_tokens=4)
+    assert after.choices[0].message.content is not None and time.monotonic() - started < 20
+    stopped = next(line for line in reversed(inference_lines(service)) if line["finish_reason"] == "cancelled")
+    assert 3 <= stopped["completion_tokens"] < MAX_TOKENS
+
+
+def test_a_prompt_over_the_limit_is_a_400_naming_limit_and_count(client):
+    with pytest.raises(Exception) as refused:
+        client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+            image_message("Read this: " + "the invoice lists three items " * 2000)])
+    assert refused.value.status_code == 400
+    error = refused.value.body  # the openai client's body is the "error" object
+    assert error["code"] == "context_length_exceeded" and "VLFLEET_MAX_INPUT_TOKENS" in error["message"]
+    assert f"the limit is {LIMIT}" in error["message"]
+
+
+def test_the_limit_counts_tokens_as_llama_server_does(client, service, tiny_gguf, llama_server, tmp_path):
+    """A 448x336 image (640x480 downscaled: 14 x 11 merged patches in llama.cpp's rounding) and a follow-up: a
+    service whose limit is one token short refuses exactly the count llama-server reported, and its child goes
+    when it stops."""
+    messages = [image_message("Describe it. ", png_bytes((640, 480))), {"role": "assistant", "content": "ok then"},
+                {"role": "user", "content": " what?  \n"}]
+    prompt = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2).usage.prompt_tokens
+    short = start(tiny_gguf, llama_server, tmp_path, VLFLEET_MAX_INPUT_TOKENS=str(prompt - 1))
+    try:
+        (child,) = llama_children(short)
+        with pytest.raises(Exception) as refused:
+            OpenAI(base_url=short.url + "/v1", api_key="unused", max_retries=0, timeout=60).chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=2)
+        assert refused.value.status_code == 400
+        assert f"the prompt is {prompt} tokens" in refused.value.body["message"]
+    finally:
+        short.stop()
+    child.wait(timeout=15)  # stopping the service stopped its llama-server
+    assert not child.is_running()
+
+
+def test_a_killed_llama_server_makes_the_service_unready_until_restarted(client, service):
+    (child,) = llama_children(service)
+    child.send_signal(signal.SIGKILL)  # a child of the service this module started
+    servers.wait_for(lambda: servers.get(service.url + "/readyz")[0] == 503, 15, "/readyz 503")
+    reason = servers.get(service.url + "/readyz")[1].get("reason", "")
+    assert "llama-server" in reason
+    servers.wait_for(lambda: servers.get(service.url + "/readyz")[0] == 200, 120, "/readyz 200 again")
+    (restarted,) = llama_children(service)
+    assert restarted.pid != child.pid
+    assert service.metric("vlfleet_engine_restarts_total") == 1
+    answer = client.chat.completions.create(model=MODEL, messages=[image_message("Still there?")], max_tokens=4)
+    assert answer.usage.completion_tokens >= 1
