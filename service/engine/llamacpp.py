@@ -10,7 +10,7 @@ the engine can restart it while the service reports itself unready.
 Follow-ups: every request carries ``cache_prompt``, so llama-server re-uses the KV of the longest prefix its one slot
 has already seen (images included: llama.cpp keys image chunks by a hash of their pixels) and prefills only the
 rest. llama-server reports how many prompt tokens came from that cache (``cache_n``): it is counted in
-``vlfleet_prompt_cached_tokens`` and kept in the Done event's ``timings.extra``.
+``vlfleet_reused_prompt_tokens`` and kept in the Done event's ``timings.extra``.
 
 A dead child is noticed within WATCH_INTERVAL_S: the service turns unready (/readyz 503 with the reason), the child
 is restarted with a bounded wait and back-off, at most VLFLEET_LLAMACPP_RESTARTS times in a row, and the service
@@ -92,13 +92,10 @@ class LlamaCppEngine(Engine):
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         super().__init__(settings, metrics, pipeline_factory, model_id, memory)
         self.limits = LlamaPromptLimits(settings, self._endpoint)
-        self.cached_tokens = self.restarts = None
+        self.restarts = None
         if metrics is not None:
             from prometheus_client import Counter
 
-            self.cached_tokens = Counter(
-                "vlfleet_prompt_cached_tokens", "Prompt tokens re-used from llama-server's KV cache instead of "
-                "prefilled (llamacpp engine)", registry=metrics.registry)
             self.restarts = Counter("vlfleet_engine_restarts", "Times the llamacpp engine restarted its llama-server",
                                     registry=metrics.registry)
         atexit.register(self._stop_child)
@@ -221,8 +218,8 @@ class LlamaCppEngine(Engine):
         timings.prompt_tokens = int(t.get("prompt_n", 0)) + cached or int(usage.get("prompt_tokens", 0))
         timings.extra = {key: t[key] for key in ("cache_n", "prompt_n", "prompt_ms", "predicted_n", "predicted_ms")
                          if key in t}
-        if self.cached_tokens is not None and cached:
-            self.cached_tokens.inc(cached)
+        if self.metrics is not None and cached:
+            self.metrics.reused_prompt_tokens.inc(cached)
 
 
 def _cancel_on_hangup(job: Job, stream: ChatStream, finished: threading.Event) -> None:

@@ -107,13 +107,13 @@ def test_the_web_ui_stream_carries_the_service_events(service, tmp_path):
 def test_a_follow_up_resending_image_and_history_reuses_the_cached_prompt(client, service):
     question = image_message("Which fruit is on the left?", png_bytes((200, 150), (10, 160, 40)))
     first = client.chat.completions.create(model=MODEL, messages=[question], max_tokens=6)
-    cached_before = service.metric("vlfleet_prompt_cached_tokens_total")
+    cached_before = service.metric("vlfleet_reused_prompt_tokens_total")
     history = [question, {"role": "assistant", "content": first.choices[0].message.content},
                {"role": "user", "content": "And on the right?"}]
     follow = client.chat.completions.with_raw_response.create(model=MODEL, max_tokens=6, messages=history)
     assert follow.headers["X-Session-Reused"] == "1"
     # llama-server took at least the whole first prompt (image included) from its KV cache.
-    assert service.metric("vlfleet_prompt_cached_tokens_total") - cached_before >= first.usage.prompt_tokens
+    assert service.metric("vlfleet_reused_prompt_tokens_total") - cached_before >= first.usage.prompt_tokens
     assert follow.parse().usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
     # The log line is written just after the answer's last event: wait for it.
     servers.wait_for(lambda: inference_lines(service)[-1]["prompt_tokens"] == follow.parse().usage.prompt_tokens,
