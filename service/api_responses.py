@@ -80,6 +80,7 @@ class Readiness(Answer):
     model: str
     artifact_id: str | None
     release_id: str | None
+    engine: str = Field(description="the engine serving (VLFLEET_ENGINE): serial, batching, direct or llamacpp")
     queue_depth: int
     uptime_s: float
     load_seconds: float | None

@@ -26,6 +26,7 @@ def readyz():
         "model": state.settings.model_name,
         "artifact_id": state.artifact_id,
         "release_id": state.settings.release_id,
+        "engine": state.settings.engine,
         "queue_depth": engine.queue_depth,
         "uptime_s": round(time.monotonic() - state.started, 1),
         "load_seconds": engine.load_seconds,
