@@ -99,6 +99,15 @@ def test_unit_carries_the_contract():
         assert line in unit.splitlines(), line
 
 
+def test_unit_reads_the_tuned_engine_after_the_releases_env_file_and_optionally():
+    from service.probe import ENGINE_ENV_FILE
+
+    files = [line for line in _render("vlfleet.service.j2", **UNIT_VARS).splitlines()
+             if line.startswith("EnvironmentFile=")]
+    # later files win in systemd: the engine `vlfleet tune` chose beats the release's VLFLEET_ENGINE
+    assert files == ["EnvironmentFile=/opt/vlfleet/current/vlfleet.env", f"EnvironmentFile=-{ENGINE_ENV_FILE}"]
+
+
 def test_nginx_site_is_valid_and_drains(tmp_path: Path):
     require_tools("nginx")
     upstreams = [{"name": "c1", "address": "10.0.0.11", "port": 8000, "down": False},
