@@ -5,7 +5,7 @@ The checklist (ops/preflight/test_checklist.py) and the fleet report (ops/report
     <root>/current/venv/bin/python -m service.probe runtime-versions
     <root>/current/venv/bin/python -m service.probe readyz URL
     <root>/current/venv/bin/python -m service.probe stream HOST PORT MODEL FIRST_TOKEN_S TOTAL_S [API_KEYS_FILE]
-    <root>/current/venv/bin/python -m service.probe latency HOST PORT TOKENS RUNS TIMEOUT_S
+    <root>/current/venv/bin/python -m service.probe latency HOST PORT TOKENS RUNS TIMEOUT_S [API_KEYS_FILE]
     python3 -c "<this file's source>" snapshot ROOT SERVICE
     python3 -c "<this file's source>" facts ROOT
 
@@ -40,6 +40,10 @@ UNIT_PROPERTIES = "ActiveState,SubState,Result,UnitFileState,MainPID,Restart,Res
 DEFAULT_PLAN = "/run/vlfleet/cpu-plan.json"
 DEFAULT_CACHE = "/var/cache/vlfleet"
 SHIPPED = ("snapshot", "facts")  # run by the system python3 from this file's source (see the module docstring)
+# `vlfleet tune` (ops/fleet/tune.py): the engine it chose, read by the unit after the release's env file, and its
+# record of what it measured, read by the checklist's ENGINE-TUNED check.
+ENGINE_ENV_FILE = "/etc/vlfleet/engine.env"
+TUNED_FILE = "/etc/vlfleet/tuned.json"
 
 
 # -- the controller's side: the command line of a probe ---------------------------------------------------------
@@ -177,6 +181,7 @@ def snapshot(root: str, service: str) -> dict[str, str]:
             **_storage(root, _cache_dir(env)), **_process(_main_pid(service)),
             "init_limits": _lines("/proc/1/limits", "Max open files"), "plan": _read(plan),
             "time": _out("timedatectl", "show", "-p", "NTP", "-p", "NTPSynchronized", stderr=True),
+            "tuned": _read(TUNED_FILE),
             **_service(service, _env_value(env, "VLFLEET_PORT"))}
 
 
@@ -357,7 +362,8 @@ def _timed(row: dict[str, Any], events: Events, started: float) -> None:
             row["ms_per_token"] = round(1000 * (last - first) / (row["tokens"] - 1), 2)
 
 
-def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: int) -> dict[str, Any]:
+def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: int,
+                 key: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"status": None, "first_token_s": None, "total_s": None, "tokens": 0, "ms_per_token": None,
                            "error": None}
     # a nonce in each prompt: the service replays identical deterministic requests from its answer cache
@@ -366,7 +372,7 @@ def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: i
             "messages": _messages(url, f"Describe this picture. (probe {i} {time.time():.6f})")}
     try:
         started = time.monotonic()
-        conn, resp = _post(host, port, body, bound)
+        conn, resp = _post(host, port, body, bound, key)
         row["status"] = resp.status
         if resp.status != 200:
             row["error"] = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
@@ -378,10 +384,13 @@ def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: i
     return row
 
 
-def latency(host: str, port: int, tokens: int, runs: int, bound: float) -> list[dict[str, Any]]:
-    """``runs`` streamed answers of exactly ``tokens`` tokens, one after another: first token and ms per token."""
+def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_file: str = "") -> list[dict[str, Any]]:
+    """``runs`` streamed answers of exactly ``tokens`` tokens, one after another, about the same fixed image: first
+    token, ms per token and the time to the whole answer. With ``keys_file`` (read as root on the host), the first
+    key goes with each request."""
     url = _image_url((96, 64), (40, 120, 200))
-    return [_latency_run(host, port, url, tokens, bound, i) for i in range(runs)]
+    key = _first_key(keys_file)
+    return [_latency_run(host, port, url, tokens, bound, i, key) for i in range(runs)]
 
 
 def _optional(args: list[str], i: int) -> str:
@@ -392,7 +401,7 @@ COMMANDS = {
     "runtime-versions": lambda a: runtime_versions(),
     "readyz": lambda a: readyz(a[0]),
     "stream": lambda a: stream(a[0], int(a[1]), a[2], float(a[3]), float(a[4]), _optional(a, 5)),
-    "latency": lambda a: latency(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4])),
+    "latency": lambda a: latency(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), _optional(a, 5)),
     "snapshot": lambda a: snapshot(a[0], a[1]),
     "facts": lambda a: facts(a[0]),
 }

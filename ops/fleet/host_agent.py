@@ -4,8 +4,9 @@ The controller ships this file's source with each call (`python3 -c <source> CMD
 installed beyond the distribution's python3, and the host side of a rollout stays one piece of code that the unit
 tests run against temporary directories. Standard library only; Python 3.10.
 
-Subcommands (see `COMMANDS`): describe, stage, place, activate, quiesce, probe, prune (service hosts) and lb
-(the nginx host: mark upstream servers drained or back in rotation).
+Subcommands (see `COMMANDS`): describe, stage, place, activate, quiesce, probe, prune and, for `vlfleet tune`,
+tune_info, set_engine, peak, write_record (service hosts); lb (the nginx host: mark upstream servers drained or back
+in rotation).
 """
 
 from __future__ import annotations
@@ -333,33 +334,50 @@ def smoke(addr: tuple[str, int], timeout: float, key: str | None = None) -> dict
     return {"ok": True, "tokens": tokens, "seconds": seconds}
 
 
-def gate(root: Path, unit: str, release: str | None, timeout: float, since: float, restarts: int,
-         poll: float = 1.0) -> dict:
-    """Wait (bounded) for /readyz 200 naming ``release``, then a smoke answer; fail fast when the unit crashes."""
-    env = read_env(root / "current" / "vlfleet.env")
-    addr = service_address(env)
-    deadline = time.monotonic() + timeout
-    last: dict = {}
-    status = 0
+def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: float, restarts: int,
+               poll: float = 1.0) -> dict:
+    """Wait (bounded) for /readyz 200 with a body ``accept`` takes; fail fast when the unit crashes meanwhile.
+    {"ok": True, "ready_s", "readyz"} or {"ok": False, "reason", "journal"}."""
+    started = time.monotonic()
     while True:
         status, last = readyz(addr)
-        if status == 200 and (release is None or last.get("release_id") == release):
-            break
+        if status == 200 and accept(last):
+            return {"ok": True, "ready_s": round(time.monotonic() - started, 1), "readyz": last}
         state = unit_state(unit)
         crashed = (state.get("ActiveState") in ("failed", "inactive") or state.get("SubState") == "auto-restart"
                    or int(state.get("NRestarts") or 0) > restarts)
-        if crashed or time.monotonic() >= deadline:
+        if crashed or time.monotonic() - started >= timeout:
             why = (f"the service exited ({state.get('ActiveState')}/{state.get('SubState')}, "
                    f"exit status {state.get('ExecMainStatus')})" if crashed
                    else f"not ready after {timeout:.0f} s (last /readyz: {status or 'no answer'} "
                         f"{last.get('reason', '')})")
             return {"ok": False, "reason": why, "journal": journal_tail(unit, since)}
         time.sleep(poll)
-    ready_s = round(time.monotonic() - (deadline - timeout), 1)
+
+
+def gate(root: Path, unit: str, release: str | None, timeout: float, since: float, restarts: int,
+         poll: float = 1.0) -> dict:
+    """Wait (bounded) for /readyz 200 naming ``release``, then a smoke answer; fail fast when the unit crashes."""
+    env = read_env(root / "current" / "vlfleet.env")
+    addr = service_address(env)
+    deadline = time.monotonic() + timeout
+    ready = wait_ready(addr, unit, lambda body: release is None or body.get("release_id") == release, timeout, since,
+                       restarts, poll)
+    if not ready["ok"]:
+        return ready
     result = smoke(addr, timeout=max(30.0, deadline - time.monotonic()), key=api_key(env))
     if not result["ok"]:
-        return {"ok": False, "reason": result["reason"], "journal": journal_tail(unit, since), "readyz": last}
-    return {"ok": True, "ready_s": ready_s, "smoke": result, "readyz": last}
+        return {"ok": False, "reason": result["reason"], "journal": journal_tail(unit, since),
+                "readyz": ready["readyz"]}
+    return {"ok": True, "ready_s": ready["ready_s"], "smoke": result, "readyz": ready["readyz"]}
+
+
+def restart_unit(unit: str, stop_timeout: float = 120) -> int:
+    """Restart the unit (clearing a start limit first); its restart count after, for telling a crash loop."""
+    # A crash-looping release may have hit the unit's start limit; a deliberate restart must not be refused.
+    subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, timeout=30)
+    _run(["systemctl", "restart", f"{unit}.service"], timeout=stop_timeout)
+    return int(unit_state(unit).get("NRestarts") or 0)
 
 
 def activate(args: dict) -> dict:
@@ -369,10 +387,7 @@ def activate(args: dict) -> dict:
     release = args.get("release")
     old = switch(root, release) if release else link_target(root / "current")
     since = time.time()
-    # A crash-looping release may have hit the unit's start limit; a deliberate restart must not be refused.
-    subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, timeout=30)
-    _run(["systemctl", "restart", f"{unit}.service"], timeout=float(args.get("stop_timeout", 120)))
-    restarts = int(unit_state(unit).get("NRestarts") or 0)
+    restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
     result = gate(root, unit, release or link_target(root / "current"), float(args.get("timeout", 600)), since,
                   restarts)
     result.update({"release": link_target(root / "current"), "from": old})
@@ -434,6 +449,8 @@ def probe(args: dict) -> dict:
         state = {"error": str(e)}
     out["unit"] = {k: state.get(k) for k in ("ActiveState", "SubState", "MainPID", "NRestarts")}
     out["rss_bytes"] = cgroup_rss(state.get("ControlGroup") or "")
+    record = _read_json(Path(args["record"])) if args.get("record") else None
+    out["tuned_engine"] = record.get("engine") if isinstance(record, dict) else None
     env = read_env(root / "current" / "vlfleet.env")
     addr = service_address(env)
     out["readyz_status"], out["readyz"] = readyz(addr)
@@ -447,29 +464,130 @@ def probe(args: dict) -> dict:
     return out
 
 
-def cgroup_rss(cgroup: str, fs: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> int | None:
-    """Sum of VmRSS over the unit's processes (the gunicorn master and its worker)."""
+def cgroup_pids(cgroup: str, fs: Path = Path("/sys/fs/cgroup")) -> list[str]:
+    """The processes of a unit's cgroup (its ControlGroup property)."""
     if not cgroup:
-        return None
-    pids: list[str] = []
+        return []
     # cgroup v2 at the root; hybrid layouts (some containers) keep the unit's processes under unified/ or systemd/
     for base in (fs, fs / "unified", fs / "systemd"):
         try:
-            pids = (base / cgroup.lstrip("/") / "cgroup.procs").read_text().split()
-            break
+            return (base / cgroup.lstrip("/") / "cgroup.procs").read_text().split()
         except OSError:
             continue
+    return []
+
+
+def cgroup_rss(cgroup: str, fs: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc"),
+               field: str = "VmRSS:") -> int | None:
+    """Sum of VmRSS (or another /proc/PID/status field in kB, e.g. VmHWM: the peak) over the unit's processes (the
+    gunicorn master, its worker, and a llama-server child when there is one)."""
+    pids = cgroup_pids(cgroup, fs)
     if not pids:
         return None
     total = 0
     for pid in pids:
         try:
             for line in (proc / pid / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     total += int(line.split()[1]) * 1024
         except (OSError, ValueError, IndexError):
             continue
     return total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Engine tuning (`vlfleet tune`, ops/fleet/tune.py): the override env file the unit reads after the release's,
+# restart on an engine, peak memory, the record of the choice
+
+ENGINES = ("serial", "batching", "direct", "llamacpp")  # service/settings.py's VLFLEET_ENGINE choices
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _memory_property(value: str | None) -> int | None:
+    """A systemd MemoryHigh/MemoryMax value in bytes; None when unset ("infinity") or unknown."""
+    return int(value) if value and value.isdigit() else None
+
+
+def tune_info(args: dict) -> dict:
+    """What tune needs before it changes anything: the release's env, the override and record as they are, the
+    unit's memory limits, the host's memory, and whether the llama-server binary the env names exists."""
+    root = Path(args["root"])
+    env = read_env(root / "current" / "vlfleet.env")
+    override = Path(args["override"])
+    props = _run(["systemctl", "show", f"{args.get('unit', 'vlfleet')}.service", "-p", "MemoryHigh,MemoryMax"])
+    limits = dict(line.split("=", 1) for line in props.splitlines() if "=" in line)
+    mem_total = next((int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal:")), None)
+    server = env.get("VLFLEET_LLAMACPP_SERVER", "")
+    return {"release": link_target(root / "current"), "env": env,
+            "override": read_env(override) if override.is_file() else None,
+            "record": _read_json(Path(args["record"])),
+            "memory_high": _memory_property(limits.get("MemoryHigh")),
+            "memory_max": _memory_property(limits.get("MemoryMax")), "mem_total": mem_total,
+            "llama_server": {"path": server, "exists": bool(server) and os.access(server, os.X_OK)}}
+
+
+def override_text(engine: str) -> str:
+    if engine not in ENGINES:
+        raise AgentError(f"engine {engine!r}: use one of {', '.join(ENGINES)}")
+    return ("# Managed by `vlfleet tune` (its record: tuned.json beside this file). Read by the unit after the\n"
+            f"# release's vlfleet.env, so it wins over VLFLEET_ENGINE there.\nVLFLEET_ENGINE={engine}\n")
+
+
+def set_engine(args: dict) -> dict:
+    """Run the service on an engine: write the override env file (no engine: remove it, the release's env decides),
+    restart, and wait (bounded) for /readyz 200 reporting that engine."""
+    root = Path(args["root"])
+    unit = args.get("unit", "vlfleet")
+    override = Path(args["override"])
+    engine = args.get("engine")
+    if engine:
+        override.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(override, override_text(engine).encode(), 0o644)
+    else:
+        override.unlink(missing_ok=True)
+    env = read_env(root / "current" / "vlfleet.env")
+    expected = engine or env.get("VLFLEET_ENGINE") or "serial"
+    since = time.time()
+    restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
+    # A release from before /readyz named its engine says nothing: take its word that it runs what it was told.
+    result = wait_ready(service_address(env), unit, lambda body: body.get("engine", expected) == expected,
+                        float(args.get("timeout", 600)), since, restarts)
+    result["engine"] = expected
+    return result
+
+
+def peak(args: dict) -> dict:
+    """Peak memory of the running service: the sum of its processes' VmHWM (the high-water RSS since each started),
+    and the cgroup's memory.peak (page cache included) where the kernel has it."""
+    state = unit_state(args.get("unit", "vlfleet"))
+    cgroup = state.get("ControlGroup") or ""
+    cg_peak = None
+    for base in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        try:
+            cg_peak = int((base / cgroup.lstrip("/") / "memory.peak").read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    return {"peak_rss_bytes": cgroup_rss(cgroup, field="VmHWM:"), "rss_bytes": cgroup_rss(cgroup),
+            "cgroup_peak_bytes": cg_peak}
+
+
+def write_record(args: dict) -> dict:
+    """Write tune's record (JSON, world-readable: it holds no secret); ``record`` None removes it."""
+    path = Path(args["path"])
+    if args.get("record") is None:
+        path.unlink(missing_ok=True)
+        return {"written": False}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, (json.dumps(args["record"], indent=1) + "\n").encode(), 0o644)
+    return {"written": True}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -528,7 +646,8 @@ def lb(args: dict) -> dict:
 
 
 COMMANDS = {"describe": describe, "stage": stage, "place": place, "activate": activate, "quiesce": quiesce,
-            "probe": probe, "prune": prune, "lb": lb}
+            "probe": probe, "prune": prune, "lb": lb, "tune_info": tune_info, "set_engine": set_engine, "peak": peak,
+            "write_record": write_record}
 
 
 def main(argv: list[str]) -> int:

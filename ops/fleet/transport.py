@@ -20,6 +20,7 @@ from typing import Any
 import ops.fleet.host_agent as host_agent
 from ops.fleet.batches import HostResult, Outcome, describe_error
 from ops.fleet.inventory import FleetError, Host, Inventory
+from service.probe import TUNED_FILE
 
 AGENT_SOURCE = Path(host_agent.__file__).read_text()
 
@@ -150,7 +151,7 @@ class Fleet:
 
     def probe(self, name: str) -> dict:
         h = self.host(name)
-        return self.agent(name, "probe", {"root": h.root, "unit": h.unit}, timeout=60)
+        return self.agent(name, "probe", {"root": h.root, "unit": h.unit, "record": TUNED_FILE}, timeout=60)
 
     def activate(self, name: str, release: str | None) -> dict:
         h = self.host(name)

@@ -1,6 +1,7 @@
 """What `vlfleet report` gathers from the hosts themselves, and the files it writes.
 
-Per service host (group `vlm`), over SSH: release and artifact (`/readyz`, via ops.fleet's host agent), CPU model and
+Per service host (group `vlm`), over SSH: release, artifact and engine (`/readyz`, via ops.fleet's host agent; the
+engine `vlfleet tune` chose, from its record), CPU model and
 ISA flags, the launcher's core pinning (/run/vlfleet/cpu-plan.json), memory and swap (`service.probe facts`), and a
 short probe: real streamed requests to the host's service, timed on the host (`service.probe latency`: first token,
 ms per token). Then the pre-launch checklist (ops.preflight) for the host x check matrix, or a `vlfleet preflight
@@ -145,7 +146,8 @@ def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
                     "restarts": (p.get("unit") or {}).get("NRestarts"), "rss_bytes": p.get("rss_bytes"),
                     "ready": p.get("readyz_status") == 200, "ready_reason": ready.get("reason", ""),
                     "release_id": ready.get("release_id"), "artifact_id": ready.get("artifact_id"),
-                    "model": ready.get("model")})
+                    "model": ready.get("model"), "engine": ready.get("engine"),
+                    "tuned_engine": p.get("tuned_engine")})
         conn = fleet.conns[name]
         row.update(parse_facts(_facts(conn, host)))
         row["probe"] = summarize_probe(_latency(conn, host, row, opts))

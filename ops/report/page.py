@@ -137,6 +137,14 @@ def _checklist_section(checklist: dict | None, hosts: list[str]) -> str:
     return "".join(parts)
 
 
+def _engine(host: dict[str, Any]) -> str:
+    """The running engine, and whether it is the one `vlfleet tune` chose on the host."""
+    engine, tuned = host.get("engine"), host.get("tuned_engine")
+    if not tuned:
+        return engine or "?"
+    return f"{engine or '?'} (tuned)" if engine == tuned else f"{engine or '?'} (tune chose {tuned})"
+
+
 def render(data: dict[str, Any], out: Path) -> str:
     esc = html.escape
     hosts = data["hosts"]
@@ -172,12 +180,13 @@ def render(data: dict[str, Any], out: Path) -> str:
                      f"src='data:image/png;base64,{base64.b64encode(raw).decode()}'>")
     parts.append("</div>")
     parts.append("<h2>Hosts</h2><table id='hosts'><thead><tr><th>host</th><th>ready</th><th>release</th>"
-                 "<th>artifact</th><th>CPU</th><th>ISA</th><th>CPUs / pinned</th><th>memory (avail / total)</th>"
+                 "<th>artifact</th><th>engine</th><th>CPU</th><th>ISA</th><th>CPUs / pinned</th>"
+                 "<th>memory (avail / total)</th>"
                  "<th>swap (used / total)</th><th>RSS</th><th>first token</th><th>ms/token</th></tr></thead><tbody>")
     for h in hosts:
         if h.get("error"):
             parts.append(f"<tr data-host='{esc(h['name'])}'><th>{esc(h['name'])}</th>"
-                         f"<td colspan='11' class='err'>{esc(h['error'])}</td></tr>")
+                         f"<td colspan='12' class='err'>{esc(h['error'])}</td></tr>")
             continue
         p = h.get("probe") or {}
         state = "yes" if h.get("ready") else f"no: {h.get('ready_reason') or h.get('unit')}"
@@ -194,7 +203,7 @@ def render(data: dict[str, Any], out: Path) -> str:
         parts.append(
             f"<tr data-host='{esc(h['name'])}'><th>{esc(h['name'])}</th><td>{esc(state)}</td>"
             f"<td>{esc(str(h.get('release_id') or h.get('release') or '?'))}</td>"
-            f"<td><code>{esc(str(h.get('artifact_id') or '?'))}</code></td>"
+            f"<td><code>{esc(str(h.get('artifact_id') or '?'))}</code></td><td>{esc(_engine(h))}</td>"
             f"<td>{esc(str(h.get('cpu_model') or '?'))}<br><span class='meta'>{esc(str(h.get('os') or ''))}</span></td>"
             f"<td class='isa'>{esc(' '.join(h.get('isa') or []) or 'none')}</td><td>{esc(cores)}</td>"
             f"<td class='num'>{_fmt_bytes(h.get('mem_available_bytes'))} / {_fmt_bytes(h.get('mem_total_bytes'))}</td>"

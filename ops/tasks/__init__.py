@@ -30,7 +30,7 @@ def namespace() -> Collection:
     ns.add_collection(Collection.from_module(bench), name="bench")
     ns.add_collection(Collection.from_module(staging), name="staging")
     ns.add_task(site.site)
-    for t in (fleet.rollout, fleet.rollback, fleet.restart, fleet.status_, fleet.logs):
+    for t in (fleet.rollout, fleet.rollback, fleet.restart, fleet.status_, fleet.logs, fleet.tune):
         ns.add_task(t)
     ns.add_task(preflight.preflight)
     ns.add_collection(Collection.from_module(monitoring), name="monitoring")

@@ -1,4 +1,4 @@
-"""`vlfleet rollout | rollback | restart | status | logs`: operate a serving fleet (see docs/operations.md)."""
+"""`vlfleet rollout | rollback | restart | status | logs | tune`: operate a serving fleet (see docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -129,6 +129,49 @@ def status_(c, inventory="inventory.yml", only=None, json_=False):
     print(json.dumps(rows, indent=1) if json_ else status_table(rows))
     if any("error" in r or not r.get("ready") for r in rows):
         raise Exit(code=1)
+
+
+@task(help={
+    "inventory": COMMON_HELP["inventory"],
+    "limit": "only these vlm hosts, comma-separated (default: all of group vlm)",
+    "tokens": "tokens per timed answer (default 128; each answer has exactly this many)",
+    "runs": "timed answers per engine; the score is their median time to the whole answer (default 3)",
+    "engines": "candidate engines, comma-separated (default: serial,batching,direct,llamacpp with batching skipped "
+               "and llamacpp only where the host's env names a llama-server that exists)",
+    "engine": "pin this engine on every host: only start, verify and record it (a host's `vlfleet_engine` "
+              "inventory var pins it for that host)",
+    "out": "directory for the controller's copy of each record, tune-<host>.json (default: $VLFLEET_CACHE/reports)",
+    "parallel": "hosts tuned at the same time, at most (default 4; hosts sharing CPUs skew each other's numbers)",
+    "ready_timeout": "seconds one restart may take to answer /readyz (default 600)",
+    "probe_timeout": "seconds one timed answer may take (default 300)",
+    "yes": COMMON_HELP["yes"],
+})
+def tune(c, inventory="inventory.yml", limit=None, tokens=128, runs=3, engines=None, engine=None, out=None,
+         parallel=4, ready_timeout=600, probe_timeout=300, yes=False):
+    """Measure each engine on each host, run the fastest within the memory budget, record the choice."""
+    from ops.fleet import FleetError, status, status_table
+    from ops.fleet import tune as tuning
+
+    try:
+        opts = tuning.Options(engines=tuning.parse_engines(engines), engine=engine or None, tokens=int(tokens),
+                              runs=int(runs), ready_timeout=float(ready_timeout),
+                              probe_timeout=float(probe_timeout), parallel=int(parallel),
+                              out=Path(out).expanduser() if out else None)
+        if opts.engine:
+            tuning.parse_engines(opts.engine)
+    except (FleetError, ValueError) as e:
+        raise Exit(f"vlfleet tune: {e}") from e
+    if opts.tokens < 2 or opts.runs < 1:
+        raise Exit("vlfleet tune: --tokens must be >= 2 and --runs >= 1")
+    with _open_fleet(inventory, limit, ready_timeout=ready_timeout) as fleet:
+        print(status_table(status(fleet)))
+        print(f"\ntune {', '.join(h.name for h in fleet.hosts)}: each host leaves nginx and restarts once per engine")
+        if not yes and sys.stdin.isatty() and input("Go ahead? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise Exit("Aborting.")
+        results = tuning.tune(fleet, opts, echo=lambda line: print(line, flush=True))
+    print("\n" + tuning.table(results))
+    if not all(r.ok for r in results):
+        raise Exit("vlfleet tune: not every host was tuned; see the table above", code=1)
 
 
 @task(help={"host": "a vlm host of the inventory", "inventory": COMMON_HELP["inventory"],

@@ -1,0 +1,364 @@
+"""`vlfleet tune`: a measured choice of engine per host.
+
+Engines differ per CPU, so each host measures its own. For every engine the host can run, tune starts the service
+on it (the override env file the unit reads after the release's, service.probe.ENGINE_ENV_FILE), waits for /readyz,
+times ``runs`` answers of ``tokens`` tokens about a fixed image from the host itself (`service.probe latency`) and
+reads the service's peak RSS. The score is the median time to the complete answer (first token + the rest of the
+tokens). The fastest engine whose peak fits the host's memory budget wins, unless one is pinned (`--engine`, or
+`vlfleet_engine` in the host's inventory vars); the service is restarted on it and the record is written on the
+host (service.probe.TUNED_FILE) and on the controller (tune-<host>.json). The host is out of nginx meanwhile.
+
+The choices (plan, budget, score, pick, record) are pure functions, apart from the steps that talk to a host.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops.fleet.batches import describe_error, format_table
+from ops.fleet.host_agent import ENGINES, service_address
+from ops.fleet.inventory import FleetError
+from ops.fleet.transport import Fleet, StepError, _journal_hint
+from ops.machine import isa
+from service import probe as service_probe
+
+RECORD_VERSION = 1
+MiB = 1024 * 1024
+OK, OVER_BUDGET, FAILED = "ok", "over budget", "failed"
+
+
+@dataclass
+class Options:
+    engines: tuple[str, ...] | None = None  # None: every engine, batching skipped (it needs concurrency to pay)
+    engine: str | None = None  # pinned for every host (else a host's `vlfleet_engine` var, if any)
+    tokens: int = 128
+    runs: int = 3
+    ready_timeout: float = 600.0  # one restart: model load + warm-up
+    probe_timeout: float = 300.0  # one answer
+    parallel: int = 4
+    out: Path | None = None  # directory for tune-<host>.json (default: $VLFLEET_CACHE/reports)
+
+
+@dataclass
+class Candidate:
+    """One engine measured on one host."""
+
+    engine: str
+    status: str  # OK, OVER_BUDGET or FAILED
+    score_s: float | None = None  # median time to the complete answer
+    first_token_s: float | None = None  # medians over the runs
+    ms_per_token: float | None = None
+    peak_rss_bytes: int | None = None
+    ready_s: float | None = None
+    totals_s: list[float] = field(default_factory=list)  # each run's time to the complete answer
+    reason: str = ""
+
+
+@dataclass
+class HostTune:
+    """One host's outcome: the engine it runs now (None when tune failed), why, and what was measured."""
+
+    host: str
+    ok: bool
+    engine: str | None
+    message: str
+    candidates: list[Candidate] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    record: dict | None = None
+    stranded: bool = False  # could not be put back: left out of nginx
+
+
+# -- the choices (pure) -----------------------------------------------------------------------------------------
+
+def parse_engines(spec: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """``--engines serial,direct`` -> ("serial", "direct"); None or empty -> None (the default set)."""
+    names = [e.strip() for e in (spec.split(",") if isinstance(spec, str) else spec or []) if e.strip()]
+    unknown = [e for e in names if e not in ENGINES]
+    if unknown:
+        raise FleetError(f"unknown engine {', '.join(unknown)}: use {', '.join(ENGINES)}")
+    return tuple(dict.fromkeys(names)) or None
+
+
+def plan(engines: Sequence[str] | None, pin: str | None, info: dict) -> list[tuple[str, str | None]]:
+    """(engine, reason to skip it or None) in the order they are measured. A pin is the only candidate; without
+    ``engines`` every engine is one, batching skipped; llamacpp only where the env names a llama-server that exists."""
+    explicit = pin is not None or engines is not None
+    out: list[tuple[str, str | None]] = []
+    for engine in [pin] if pin else engines or ENGINES:
+        skip = None
+        if engine == "batching" and not explicit:
+            skip = ("shares decode steps between concurrent requests; one answer at a time (what tune measures) "
+                    "only pays its overhead: name it in --engines to measure it anyway")
+        elif engine == "llamacpp":
+            server = info.get("llama_server") or {}
+            if not server.get("path"):
+                skip = "not shipped to hosts yet: the release's env names no llama-server (VLFLEET_LLAMACPP_SERVER)"
+            elif not server.get("exists"):
+                skip = f"VLFLEET_LLAMACPP_SERVER={server['path']} is not an executable file on the host"
+        out.append((engine, skip))
+    return out
+
+
+def _setting_default(name: str) -> Any:
+    from service.settings import FIELDS
+
+    return next(f.default for f in FIELDS if f.name == name)
+
+
+def budget(info: dict) -> tuple[int | None, str]:
+    """The most memory the service may peak at on this host, and where that figure comes from: the memory guard's
+    high-water share of its limit (VLFLEET_MEMORY_LIMIT_MB, else the unit's MemoryHigh), above which the service
+    refuses new requests; else the unit's MemoryMax (the OOM kill); else none."""
+    env = info.get("env") or {}
+    try:
+        high = float(env.get("VLFLEET_MEMORY_HIGH_WATER") or _setting_default("memory_high_water"))
+        limit_mb = int(env.get("VLFLEET_MEMORY_LIMIT_MB") or 0)
+    except ValueError:  # the service itself refuses such an env; judge by the defaults here
+        high, limit_mb = _setting_default("memory_high_water"), 0
+    if limit_mb > 0:
+        return int(limit_mb * MiB * high), f"{high:.0%} of VLFLEET_MEMORY_LIMIT_MB={limit_mb} (load shedding above)"
+    if info.get("memory_high"):
+        return (int(info["memory_high"] * high),
+                f"{high:.0%} of the unit's MemoryHigh {info['memory_high'] // MiB} MiB (load shedding above)")
+    if info.get("memory_max"):
+        return int(info["memory_max"]), f"the unit's MemoryMax {info['memory_max'] // MiB} MiB (OOM kill above)"
+    return None, "none (no VLFLEET_MEMORY_LIMIT_MB, MemoryHigh or MemoryMax)"
+
+
+def score(runs: Sequence[dict], tokens: int) -> tuple[float | None, str]:
+    """The median time to a complete answer of ``tokens`` tokens over ``runs`` (service.probe latency rows); None
+    and the reason when any run did not give one (an engine that fails some answers is not a candidate)."""
+    if not runs:
+        return None, "no answer was timed"
+    bad = [r for r in runs if r.get("error") or r.get("tokens") != tokens or r.get("total_s") is None]
+    if bad:
+        first = bad[0]
+        why = first.get("error") or f"{first.get('tokens')} tokens instead of {tokens}"
+        return None, f"{len(bad)} of {len(runs)} answers incomplete: {str(why)[:300]}"
+    return round(statistics.median(r["total_s"] for r in runs), 4), ""
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 4) if present else None
+
+
+def evaluate(engine: str, runs: Sequence[dict], tokens: int, peak_rss: int | None, limit: int | None,
+             ready_s: float | None = None) -> Candidate:
+    """One engine's measurements -> its candidate: scored, over the budget, or failed."""
+    value, why = score(runs, tokens)
+    c = Candidate(engine, OK, value, _median(r.get("first_token_s") for r in runs),
+                  _median(r.get("ms_per_token") for r in runs), peak_rss, ready_s,
+                  [r["total_s"] for r in runs if r.get("total_s") is not None])
+    if value is None:
+        c.status, c.reason = FAILED, why
+    elif limit is not None and peak_rss is not None and peak_rss > limit:
+        c.status = OVER_BUDGET
+        c.reason = f"peak RSS {peak_rss // MiB} MiB is over the budget of {limit // MiB} MiB"
+    return c
+
+
+def pick(candidates: Sequence[Candidate], pin: str | None = None) -> tuple[str | None, str]:
+    """The engine to run and why: a pin that answered (even over budget: the operator chose it), else the lowest
+    score within budget (the first listed on a tie); None and why when nothing qualifies."""
+    if pin:
+        c = next((c for c in candidates if c.engine == pin), None)
+        if c is None or c.status == FAILED:
+            return None, f"pinned engine {pin} failed: {c.reason if c else 'not measured'}"
+        note = f"; {c.reason}" if c.status == OVER_BUDGET else ""
+        return pin, f"pinned ({c.score_s} s to the whole answer{note})"
+    within = [c for c in candidates if c.status == OK]
+    if not within:
+        return None, "no engine answered within budget: " + "; ".join(f"{c.engine}: {c.reason}" for c in candidates)
+    best = min(within, key=lambda c: c.score_s)
+    others = ", ".join(f"{c.engine} {c.score_s} s" for c in within if c is not best)
+    return best.engine, f"fastest within budget: {best.score_s} s to the whole answer" + (
+        f" (vs {others})" if others else "")
+
+
+def record(host: str, engine: str, why: str, pinned: bool, candidates: Sequence[Candidate],
+           skipped: dict[str, str], opts: Options, limit: tuple[int | None, str], cpu: dict, info: dict,
+           seconds: float, now: dt.datetime | None = None) -> dict:
+    """The JSON record of one host's tune, as written on the host and on the controller."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return {
+        "version": RECORD_VERSION, "host": host, "engine": engine, "why": why, "pinned": pinned,
+        "tokens": opts.tokens, "runs": opts.runs,
+        "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in candidates},
+        "skipped": dict(skipped),
+        "budget_bytes": limit[0], "budget": limit[1],
+        "cpu": {"model": cpu.get("model") or None, "isa": isa(cpu.get("flags", "")), "flags": cpu.get("flags", "")},
+        "release": info.get("release"), "time": now.isoformat(timespec="seconds"), "seconds": round(seconds, 1),
+    }
+
+
+def describe_candidate(c: Candidate, runs: int, tokens: int) -> str:
+    if c.status == FAILED:
+        return f"{c.engine}: failed: {c.reason}"
+    rss = f"{c.peak_rss_bytes // MiB} MiB" if c.peak_rss_bytes is not None else "unknown"
+    line = (f"{c.engine}: ready in {c.ready_s} s; {runs} x {tokens} tokens: {c.score_s} s to the whole answer "
+            f"(first token {c.first_token_s} s, {c.ms_per_token} ms/token), peak RSS {rss}")
+    return line + (f"; {c.reason}" if c.status == OVER_BUDGET else "")
+
+
+# -- one host ---------------------------------------------------------------------------------------------------
+
+class _Host:
+    """The steps tune takes on one host (over the fleet's SSH connection)."""
+
+    def __init__(self, fleet: Fleet, name: str, opts: Options) -> None:
+        self.fleet, self.name, self.opts = fleet, name, opts
+        self.host = fleet.host(name)
+
+    def agent(self, command: str, args: dict, timeout: float | None = None) -> dict:
+        return self.fleet.agent(self.name, command, {"root": self.host.root, "unit": self.host.unit, **args},
+                                timeout=timeout)
+
+    def info(self) -> dict:
+        return self.agent("tune_info", {"override": service_probe.ENGINE_ENV_FILE,
+                                        "record": service_probe.TUNED_FILE})
+
+    def cpu(self) -> dict:
+        cmd = shlex.join(["sudo", "-n", *service_probe.argv(self.host.python, "facts", self.host.root)])
+        done = self.fleet.conns[self.name].run(cmd, hide=True, warn=True, in_stream=False, timeout=120)
+        try:
+            return service_probe.parse(done.stdout)
+        except (ValueError, IndexError):
+            raise StepError(f"reading the CPU failed (exit {done.exited}): "
+                            f"{(done.stderr or done.stdout).strip()[-300:]}") from None
+
+    def set_engine(self, engine: str | None) -> dict:
+        return self.agent("set_engine", {"override": service_probe.ENGINE_ENV_FILE, "engine": engine,
+                                         "timeout": self.opts.ready_timeout},
+                          timeout=self.opts.ready_timeout + 180)
+
+    def latency(self, env: dict) -> list[dict]:
+        addr, port = service_address(env)
+        python = f"{self.host.root}/current/venv/bin/python"
+        args = [addr, port, self.opts.tokens, self.opts.runs, self.opts.probe_timeout]
+        if env.get("VLFLEET_API_KEYS_FILE"):
+            args.append(env["VLFLEET_API_KEYS_FILE"])  # read on the host, as root: the key never leaves it
+        cmd = shlex.join(["sudo", "-n", *service_probe.argv(python, "latency", *args)])
+        done = self.fleet.conns[self.name].run(cmd, hide=True, warn=True, in_stream=False,
+                                               timeout=self.opts.probe_timeout * self.opts.runs + 60)
+        try:
+            return service_probe.parse(done.stdout)
+        except (ValueError, IndexError):
+            return [{"error": f"latency probe exited {done.exited}: {(done.stderr or done.stdout).strip()[-300:]}"}]
+
+    def measure(self, engine: str, env: dict, limit: int | None) -> Candidate:
+        started = self.set_engine(engine)
+        if not started["ok"]:
+            return Candidate(engine, FAILED, reason=started["reason"] + _journal_hint(started.get("journal")))
+        runs = self.latency(env)
+        mem = self.agent("peak", {})
+        return evaluate(engine, runs, self.opts.tokens, mem.get("peak_rss_bytes"), limit, started.get("ready_s"))
+
+
+def _controller_copy(rec: dict, out: Path | None) -> Path:
+    from ops.paths import cache_root
+
+    folder = out or cache_root() / "reports"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"tune-{rec['host']}.json"
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    return path
+
+
+def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None] = print) -> HostTune:
+    """Measure, choose, run on the choice, record; a failure is this host's result, never an exception."""
+    started = time.monotonic()
+    h = _Host(fleet, name, opts)
+    pin = opts.engine or h.host.var("vlfleet_engine") or None
+    try:
+        if pin:
+            parse_engines([pin])  # a host var with a typo fails this host, before anything changes
+        info, cpu = h.info(), h.cpu()
+        steps = plan(opts.engines, pin, info)
+    except Exception as e:  # reported per host
+        return HostTune(name, False, None, _why(e))
+    limit = budget(info)
+    echo(f"[tune] {name}: {cpu.get('model') or 'CPU ?'}; budget {limit[1]}; "
+         + ("pinned " + pin if pin else "candidates " + ", ".join(e for e, skip in steps if not skip)))
+    drained = False
+    try:
+        fleet.set_drained([name], [])
+        drained = True
+        h.agent("quiesce", {"timeout": fleet.timeouts.drain}, timeout=fleet.timeouts.drain + 60)
+        result = _choose_and_run(h, steps, pin, info, limit, echo)
+        if result.ok:
+            result.record = record(name, result.engine, result.message, bool(pin), result.candidates,
+                                   result.skipped, opts, limit, cpu, info, time.monotonic() - started)
+            h.agent("write_record", {"path": service_probe.TUNED_FILE, "record": result.record})
+            path = _controller_copy(result.record, opts.out)
+            echo(f"[tune] {name}: runs {result.engine} ({result.message}); record: {service_probe.TUNED_FILE}, {path}")
+        if not result.stranded:
+            fleet.set_drained([], [name])
+            drained = False
+        return result
+    except Exception as e:  # reported per host
+        why = _why(e)
+        return HostTune(name, False, None, why + ("; left out of nginx (drained) until someone looks" if drained
+                                                  else ""), stranded=drained)
+
+
+def _choose_and_run(h: _Host, steps: list[tuple[str, str | None]], pin: str | None, info: dict,
+                    limit: tuple[int | None, str], echo: Callable[[str], None]) -> HostTune:
+    """Measure every candidate, then run the service on the choice; on no choice, put back the engine it ran."""
+    result = HostTune(h.name, False, None, "")
+    running = None
+    for engine, skip in steps:
+        if skip:
+            result.skipped[engine] = skip
+            echo(f"[tune] {h.name}: {engine}: skipped: {skip}")
+            continue
+        c = h.measure(engine, info["env"], limit[0])
+        running = engine if c.ready_s is not None else None  # it started (whatever its answers were)
+        result.candidates.append(c)
+        echo(f"[tune] {h.name}: {describe_candidate(c, h.opts.runs, h.opts.tokens)}")
+    choice, why = pick(result.candidates, pin)
+    if choice is not None and choice != running:
+        started = h.set_engine(choice)
+        if not started["ok"]:
+            choice, why = None, f"{choice} did not start again: {started['reason']}"
+    if choice is not None:
+        result.ok, result.engine, result.message = True, choice, why
+        return result
+    back = h.set_engine((info.get("override") or {}).get("VLFLEET_ENGINE"))
+    if back["ok"]:
+        result.message = f"{why}; back on {back['engine']} as before"
+    else:
+        result.message = f"{why}; putting it back failed too: {back['reason']}; left out of nginx"
+        result.stranded = True
+    return result
+
+
+def _why(e: Exception) -> str:
+    return str(e) if isinstance(e, StepError) else describe_error(e)[1]
+
+
+# -- the fleet --------------------------------------------------------------------------------------------------
+
+def tune(fleet: Fleet, opts: Options, echo: Callable[[str], None] = print) -> list[HostTune]:
+    """Every host of the fleet, at most ``opts.parallel`` at once; one host's failure does not stop the others."""
+    workers = max(1, min(opts.parallel, len(fleet.hosts)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda h: tune_host(fleet, h.name, opts, echo), fleet.hosts))
+
+
+def table(results: Sequence[HostTune]) -> str:
+    rows = [("host", "engine", "result", "scores (s to the whole answer)", "details")]
+    for r in results:
+        scores = ", ".join(f"{c.engine} {c.score_s if c.score_s is not None else c.status}"
+                           for c in r.candidates) or "-"
+        rows.append((r.host, r.engine or "-", "ok" if r.ok else "failed", scores, r.message))
+    return format_table(rows)
