@@ -123,6 +123,15 @@ CHECKS: tuple[Check, ...] = (
           "host (see CPU-AFFINITY, MEM-HEADROOM) or a too large VLFLEET_IMAGE_MAX_SIDE; then "
           "`sudo systemctl restart vlfleet`.",
           depends_on=("SVC-READYZ",)),
+    Check("ENGINE-TUNED", WARNING, "service",
+          "The service runs the engine `vlfleet tune` measured as the fastest within budget on this host "
+          "(/etc/vlfleet/tuned.json).",
+          "Run `vlfleet tune --inventory INVENTORY --limit HOST` again (it measures every engine and restarts on the "
+          "fastest), or restart on the recorded one: `sudo systemctl restart vlfleet` when /etc/vlfleet/engine.env "
+          "still names it; otherwise look for what overrides VLFLEET_ENGINE after that file (`systemctl cat "
+          "vlfleet`: drop-ins with Environment= or EnvironmentFile=).",
+          depends_on=("SVC-READYZ",),
+          not_applicable="hosts never tuned (no /etc/vlfleet/tuned.json): they run the release's VLFLEET_ENGINE"),
     Check("CLOCK-SYNC", WARNING, "system", "The system clock is synchronised (NTP).",
           "`sudo timedatectl set-ntp true` with systemd-timesyncd or chrony installed and an NTP server reachable "
           "(`timedatectl timesync-status` / `chronyc tracking` say which).",

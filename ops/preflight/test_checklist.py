@@ -171,6 +171,11 @@ def service_address(env: dict) -> tuple[str, int]:
     return ("127.0.0.1" if addr in ("", "0.0.0.0", "::", "*") else addr), int(env.get("VLFLEET_PORT", 8000))
 
 
+def readyz_url(env: dict) -> str:
+    addr, port = service_address(env)
+    return f"http://{addr if ':' not in addr else '[' + addr + ']'}:{port}/readyz"
+
+
 @pytest.fixture(scope="module")
 def runtime(host, release) -> dict:
     """The service venv's Python version and runtime distributions (service.probe runtime-versions), or the error."""
@@ -409,8 +414,7 @@ def test_port_listens_on_configured_address_only(facts, release, record_property
 @check("SVC-READYZ")
 def test_readyz(host, release, artifact, record_property):
     python, env = need_release(release)
-    addr, port = service_address(env)
-    url = f"http://{addr if ':' not in addr else '[' + addr + ']'}:{port}/readyz"
+    url = readyz_url(env)
     answer = probe(host, python, "readyz", url, timeout=30)
     assert answer["status"] == 200, (f"GET {url} -> {answer['status'] or answer['error']}"
                                      + (f": {json.dumps(answer['body'])[:300]}" if answer["body"] else ""))
@@ -439,6 +443,25 @@ def test_streamed_answer(host, release, cfg, record_property):
     assert out["total_s"] <= cfg.stream_timeout, f"[DONE] after {out['total_s']} s, bound {cfg.stream_timeout} s"
     record_property("found", f"{out['chunks']} chunk(s), first token {out['first_token_s']} s, [DONE] at "
                              f"{out['total_s']} s")
+
+
+@check("ENGINE-TUNED")
+def test_engine_is_the_tuned_one(host, facts, release, record_property):
+    if not facts["tuned"]:
+        not_applicable(f"never tuned: no {service_probe.TUNED_FILE} (`vlfleet tune` writes it); the service runs the "
+                       "release's VLFLEET_ENGINE")
+    try:
+        tuned = json.loads(facts["tuned"])
+        want = tuned["engine"]
+    except (ValueError, KeyError, TypeError):
+        raise AssertionError(f"{service_probe.TUNED_FILE} is not a tune record: {facts['tuned'][:200]}") from None
+    python, env = need_release(release)
+    answer = probe(host, python, "readyz", readyz_url(env), timeout=30)
+    running = (answer["body"] or {}).get("engine") if isinstance(answer["body"], dict) else None
+    assert running, f"/readyz does not name the engine (release {release['target']} predates it): {answer}"
+    assert running == want, (f"the service runs {running}; `vlfleet tune` chose {want} on {tuned.get('time')} "
+                             f"({tuned.get('why', '')})")
+    record_property("found", f"{running}, as tuned on {tuned.get('time')}: {tuned.get('why', '')}")
 
 
 @check("CLOCK-SYNC")

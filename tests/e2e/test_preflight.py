@@ -92,8 +92,10 @@ def test_healthy_fleet_is_ready(inventory, hosts, waivers_file, tmp_path):
     assert "READY: 3 host(s)" in done.stdout
     _expect(report, {})
     na = {(r.host, r.id) for r in report.results if r.status == "n/a"}
+    # ENGINE-TUNED: the shared fleet is never left tuned (tests/e2e/test_tune.py puts c1 back)
     assert na == {("c1", "CPU-GOVERNOR"), ("c1", "SWAP-ACTIVE"), ("c1", "CLOCK-SYNC"), ("c2", "CPU-GOVERNOR"),
-                  ("c2", "SWAP-ACTIVE"), ("c2", "CLOCK-SYNC"), ("vm1", "CPU-GOVERNOR")}
+                  ("c2", "SWAP-ACTIVE"), ("c2", "CLOCK-SYNC"), ("vm1", "CPU-GOVERNOR"),
+                  *((h, "ENGINE-TUNED") for h in ("c1", "c2", "vm1"))}
     assert {r.status for r in report.results} <= {"pass", "n/a", "waived"}
     assert all(report.get(h, c) for h in ("c1", "c2", "vm1") for c in registry.ids()), "a check is missing"
     no_avx512 = set(without_avx512(hosts))
@@ -139,7 +141,7 @@ def _check_findings(report: Report, broken: dict) -> None:
     assert "1024" in report.get("vm1", "SVC-NOFILE").message and DROP_IN in report.get("vm1", "SVC-NOFILE").message
     assert "no swap is active" in report.get("vm1", "SWAP-ACTIVE").message
     assert {r.id for r in report.results if r.host == "c1" and r.status == "blocked"} == {
-        "SVC-NOFILE", "CPU-AFFINITY", "PORT-LISTEN", "SVC-READYZ", "SVC-STREAM"}
+        "SVC-NOFILE", "CPU-AFFINITY", "PORT-LISTEN", "SVC-READYZ", "SVC-STREAM", "ENGINE-TUNED"}
     gov = report.get("vm1", "CPU-GOVERNOR")
     assert gov.status == "n/a" and "no cpufreq on this host" in gov.message
     assert report.exit_code == 1
