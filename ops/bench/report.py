@@ -56,6 +56,8 @@ def runtime_rows(results: dict) -> list[list[str]]:
     entries = [(f"transformers {k}", dig(results, "baselines", k), None) for k in ("fp32", "bf16")]
     entries += [(f"service {k} (HTTP+SSE)", dig(results, "service", k, "image_416"), dig(results, "service", k))
                 for k in ("int8", "int4")]
+    entries += [(f"service int4 {v['engine']} engine (HTTP+SSE)", v.get("image_416"), v)
+                for k, v in (results.get("service") or {}).items() if k.startswith("int4_")]
     if dig(results, "peer", "image_416"):
         entries.append((peer_label(results), dig(results, "peer", "image_416"), results["peer"]))
     for name, summ, server in entries:
@@ -68,6 +70,35 @@ def runtime_rows(results: dict) -> list[list[str]]:
                      num(ratio(summ["ms_per_token"], fp32.get("ms_per_token")), 3, "x"),
                      num(ratio(rss, fp32.get("peak_rss_bytes")), 3, "x")])
     return rows
+
+
+def followups(results: dict) -> list[tuple[str, dict]]:
+    """(engine, follow-up record) for the default engine's server and every other engine measured."""
+    service = results.get("service") or {}
+    found = [(dig(service, "int4", "engine") or "serial", dig(service, "int4", "followup"))]
+    found += [(v["engine"], v.get("followup")) for k, v in service.items() if k.startswith("int4_")]
+    return [(engine, fu) for engine, fu in found if fu]
+
+
+def followup_section(results: dict) -> list[str]:
+    rows = []
+    for engine, fu in followups(results):
+        emb, runs = fu.get("embeddings_s", {}), fu.get("vision_encoder_runs", {})
+        rows.append([engine, num(fu["first_first_token_s"]), num(fu["followup_first_token_s"]),
+                     num(ratio(fu["followup_first_token_s"], fu["first_first_token_s"]), 3, "x"),
+                     num(emb.get("first")), num(emb.get("followup")),
+                     f"{num(runs.get('first'), 0)} / {num(runs.get('followup'), 0)}" if runs else "",
+                     f"{fu['reused']}/{fu['runs']}"])
+    if not rows:
+        return []
+    return ["## Follow-up on the same image (int4)", "", table(
+        ["engine", "first question: first token (s)", "follow-up: first token (s)", "follow-up / first",
+         "preparing embeddings, first (s)", "... follow-up (s)", "vision encoder runs, first / follow-ups",
+         "conversation continued"], rows),
+        "", "Preparing embeddings is server-side `vlfleet_image_encode_seconds`; the encoder runs are "
+        "`vlfleet_vision_encoder_runs_total` over all runs. The genai engines run the vision transformer over the "
+        "history's image again for a follow-up; the direct engine keeps the encoded image and the conversation's KV.",
+        ""]
 
 
 def peer_label(results: dict) -> str:
@@ -177,18 +208,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
              "ms/token", "total (s)"], rows),
             "", "`detail low/high`: the same image sent with image_url.detail (VLFLEET_IMAGE_MAX_SIDE_LOW / _HIGH).",
             ""]
-    fu = dig(results, "service", "int4", "followup")
-    if fu:
-        emb = fu.get("embeddings_s", {})
-        out += ["## Follow-up on the same image (int4)", "", table(
-            ["", "first token (s)", "of which preparing embeddings (s)", "conversation continued"],
-            [["first question", num(fu["first_first_token_s"]), num(emb.get("first")), ""],
-             ["follow-up", num(fu["followup_first_token_s"]), num(emb.get("followup")),
-              f"{fu['reused']}/{fu['runs']}"],
-             ["ratio", num(ratio(fu["followup_first_token_s"], fu["first_first_token_s"]), 3, "x"), "", ""]]),
-            "", "Preparing embeddings (server-side, `vlfleet_image_encode_seconds`) is genai's vision model work for "
-            "the images of the whole conversation; a follow-up that spends about as long on it as the first question "
-            "is re-running the vision transformer over the history's image.", ""]
+    out += followup_section(results)
     conc = results.get("concurrency")
     if conc:
         rows = []

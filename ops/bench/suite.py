@@ -73,7 +73,7 @@ def service_engines() -> tuple[tuple[str, ...], str | None]:
     if engine is None:
         return ("serial",), None
     names = []
-    for candidate in ("serial", "batching"):
+    for candidate in ("serial", "direct", "batching"):
         try:
             engine.parse(candidate)
             names.append(candidate)
@@ -125,13 +125,16 @@ def _answers(url: str, plan: Plan, width: int, height: int, seed: int, say: Call
 def _followup(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
     """First question and a follow-up about the same image; also how much of each first token was spent preparing
     embeddings (vision encoder + merger, server-side, from /metrics), which says where a follow-up's time goes."""
-    firsts, seconds, reused, embeds = [], [], 0, {"first": [], "followup": []}
-    encode_sum = "vlfleet_image_encode_seconds_sum"
+    firsts, seconds, reused = [], [], 0
+    embeds: dict[str, list[float]] = {"first": [], "followup": []}
+    encodes: dict[str, list[float]] = {"first": [], "followup": []}
+    encode_sum, encoder_runs = "vlfleet_image_encode_seconds_sum", "vlfleet_vision_encoder_runs_total"
 
     def answer(messages: list[dict], kind: str) -> workload.Answer:
-        before = workload.metric(url, encode_sum)
+        before, runs_before = workload.metric(url, encode_sum), workload.metric(url, encoder_runs)
         done = workload.chat_stream(url, messages, plan.tokens)
         embeds[kind].append(workload.metric(url, encode_sum) - before)
+        encodes[kind].append(workload.metric(url, encoder_runs) - runs_before)
         return done
 
     for i in range(plan.runs):
@@ -149,7 +152,8 @@ def _followup(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
     a, b = workload.summarize(firsts), workload.summarize(seconds)
     return {"runs": plan.runs, "reused": reused, "first_first_token_s": a["first_token_s"],
             "followup_first_token_s": b["first_token_s"], "first": a, "followup": b,
-            "embeddings_s": {k: statistics.median(v) for k, v in embeds.items()}}
+            "embeddings_s": {k: statistics.median(v) for k, v in embeds.items()},
+            "vision_encoder_runs": {k: sum(v) for k, v in encodes.items()}}
 
 
 def seen_size(server: Server, width: int, height: int, detail: str | None = None) -> str:
@@ -191,15 +195,16 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
                               "engines": list(plan.engines), "default_engine": default_engine or "serial"},
                      "service": {}, "errors": {}}
 
-    def section(name: str, fn: Callable[[], None]) -> None:
+    def section(name: str, fn: Callable[[], None], label: str | None = None) -> None:
         if name not in plan.sections:
             return
-        say(f"== {name}")
+        label = label or name
+        say(f"== {label}")
         try:
             fn()
         except Exception as e:  # recorded in the results; the other sections still run
-            results["errors"][name] = f"{type(e).__name__}: {e}"[:500]
-            say(f"{name} FAILED: {results['errors'][name]}")
+            results["errors"][label] = f"{type(e).__name__}: {e}"[:500]
+            say(f"{label} FAILED: {results['errors'][label]}")
 
     def machine() -> None:
         bw = bandwidth.measure_bandwidth()
@@ -259,10 +264,10 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
                 entry["peak_rss_after_concurrency_bytes"] = s.peak_rss()["worker"]
         if "images" in plan.sections:
             section("images", lambda: full_size_images(entry))
-        if "concurrency" in plan.sections:
-            for engine in plan.engines:
-                if engine != entry["engine"]:
-                    section("concurrency", lambda e=engine: other_engine(e))
+        wanted = [name for name in ("followup", "concurrency") if name in plan.sections]
+        for engine in plan.engines if wanted else ():
+            if engine != entry["engine"]:
+                section(wanted[0], lambda e=engine: other_engine(e), f"engine {engine}")
 
     def images(s: Server, entry: dict) -> None:
         entry["images"] = {"416x277": {**entry["image_416"], "downscale": "on", "sent_size": "416x277",
@@ -285,12 +290,17 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
                                                       "model_size": size}
 
     def other_engine(engine: str) -> None:
+        """The same int4 artifact on another engine: single answers, then the follow-up and concurrency sections
+        that were asked for."""
         with server("int4", f"int4-{engine}.log", {"VLFLEET_ENGINE": engine}) as s:
-            results["service"][f"int4_{engine}"] = {
+            entry = results["service"][f"int4_{engine}"] = {
                 "engine": engine, "cold_start_s": s.cold_start_s,
                 "image_416": _answers(s.url, plan, 416, 277, 0, say, f"int4 {engine} 416x277")}
-            results.setdefault("concurrency", {})[engine] = _concurrency(s.url, plan, say, engine)
-            results["service"][f"int4_{engine}"]["peak_rss_bytes"] = s.peak_rss()["worker"]
+            if "followup" in plan.sections:
+                entry["followup"] = _followup(s.url, plan, say)
+            entry["peak_rss_bytes"] = s.peak_rss()["worker"]
+            if "concurrency" in plan.sections:
+                results.setdefault("concurrency", {})[engine] = _concurrency(s.url, plan, say, engine)
 
     def overhead() -> None:
         results["overhead"] = service_overhead.measure(artifact("int4"), plan.runs, plan.tokens)

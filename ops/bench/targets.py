@@ -118,6 +118,12 @@ def evaluate(results: dict) -> list[Target]:
         Target("followup", "follow-up first token / first question's",
                ratio(followup.get("followup_first_token_s"), followup.get("first_first_token_s")), 0.35, "x"),
     ]
+    for key, entry in (results.get("service") or {}).items():
+        fu = entry.get("followup") if key.startswith("int4_") else None
+        if fu:
+            targets.append(Target(f"followup-{entry['engine']}",
+                                  f"follow-up first token / first question's ({entry['engine']} engine)",
+                                  ratio(fu.get("followup_first_token_s"), fu.get("first_first_token_s")), 0.35, "x"))
     conc = dig(results, "concurrency") or {}
     # The fastest single client of any engine: an engine slow alone must not look good by its own ratio only.
     best_one = max((lv["tokens_per_s"] for levels in conc.values() if (lv := _level(levels, 1))), default=None)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ops.llamacpp import source as source_mod
@@ -55,9 +55,12 @@ class BuildConfig:
     targets: tuple[str, ...] = TARGETS
     # Only for native builds: the CPU the binaries are tuned for (ops.machine.describe()).
     cpu: dict = field(default_factory=dict, compare=False, hash=False)
+    optimize: int = 3  # the compiler's -O level (Release's own is 3)
 
     def flags(self) -> tuple[str, ...]:
-        return COMMON_FLAGS + (NATIVE_FLAGS if self.native else PORTABLE_FLAGS)
+        level = () if self.optimize == 3 else tuple(f"-DCMAKE_{lang}_FLAGS_RELEASE=-O{self.optimize} -DNDEBUG"
+                                                     for lang in ("C", "CXX"))
+        return COMMON_FLAGS + (NATIVE_FLAGS if self.native else PORTABLE_FLAGS) + level
 
     def key_material(self) -> dict:
         material = {"version": self.version, "flags": list(self.flags()), "targets": list(self.targets)}
@@ -70,6 +73,12 @@ class BuildConfig:
 
     def dirname(self) -> str:
         return f"{self.version}-{self.key()}"
+
+
+def test_config() -> BuildConfig:
+    """What the test suite runs on the tiny model: llama-server and llama-quantize at -O1, which builds in about half
+    the time of the bench's -O3 build (measured: 13 vs 25 min on 2 busy cores) and is fast enough for a tiny model."""
+    return replace(default_config(), targets=("llama-server", "llama-quantize"), optimize=1)
 
 
 def default_config(native: bool = True, version: str = source_mod.VERSION) -> BuildConfig:

@@ -271,9 +271,11 @@ def _fell_back(converter_output: str) -> bool:
     return FALLBACK_MARK in converter_output
 
 
-def cached(shape: str, params: GgufParams | None = None, seed: int = 0, quiet: bool = True) -> Path:
+def cached(shape: str, params: GgufParams | None = None, seed: int = 0, quiet: bool = True,
+           build_config=None) -> Path:
     """``ops.model.cache.checkpoint(shape)`` as a GGUF artifact, cached under ``$VLFLEET_CACHE/gguf/`` and keyed by
-    the checkpoint, the parameters, the source version and this code; llama-quantize is built first if needed."""
+    the checkpoint, the parameters, the source version and this code; llama-quantize (of ``build_config``, default
+    the native build) is built first if needed. Its -O level does not change what it writes."""
     from ops.llamacpp import hf_to_gguf
     from ops.model.cache import _code_key, checkpoint
     from ops.paths import cache_root
@@ -288,5 +290,5 @@ def cached(shape: str, params: GgufParams | None = None, seed: int = 0, quiet: b
     if params.needs_quantize:
         from ops.llamacpp import build
 
-        quantize = build.build().binary("llama-quantize")
+        quantize = build.build(build_config).binary("llama-quantize")
     return convert(src_ckpt, out, params, quantize=quantize, quiet=quiet)

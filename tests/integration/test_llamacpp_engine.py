@@ -3,7 +3,7 @@ real clients (the openai client, curl): streamed SSE, prompt re-use on a follow-
 counted as llama-server counts, and a killed llama-server making the service unready until the engine restarts it.
 
 llama-server comes from the project's cached build (ops.llamacpp.build, default native config): built once per
-machine and CPU (about 25 minutes on 2 cores), then found in the cache.
+machine and CPU (at -O1: about 13 minutes on 2 busy cores), then found in the cache.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ MAX_TOKENS = 30000  # long enough that an ignore_eos answer is still running whe
 
 @pytest.fixture(scope="module")
 def llama_server() -> Path:
-    """The cached build, or a build now (about 25 minutes on 2 cores, once per machine and CPU)."""
+    """The cached test build, or a build now (about 13 minutes on 2 busy cores, once per machine and CPU)."""
     from ops.llamacpp import build
 
-    config = build.default_config()
+    config = build.test_config()
     if build.find(config) is None:
         require_tools("cmake", "c++", "make")
     return build.build(config).binary("llama-server")
@@ -41,9 +41,9 @@ def llama_server() -> Path:
 @pytest.fixture(scope="module")
 def tiny_gguf(tiny_checkpoint) -> Path:
     """The tiny checkpoint as the default GGUF artifact (Q4_0 language model, q8_0 vision projector)."""
-    from ops.llamacpp import gguf
+    from ops.llamacpp import build, gguf
 
-    return gguf.cached("tiny")
+    return gguf.cached("tiny", build_config=build.test_config())
 
 
 def start(tiny_gguf: Path, llama_server: Path, log_dir: Path, **env: str) -> servers.Server:

@@ -27,7 +27,7 @@ def test_quick_plan_is_smaller_than_the_full_one():
 
 def test_engines_come_from_the_service_settings():
     engines, default = service_engines()
-    assert engines and set(engines) <= {"serial", "batching"}
+    assert engines and set(engines) <= {"serial", "direct", "batching"}
     assert default is None or default in engines
 
 
@@ -45,3 +45,20 @@ def test_the_machine_block_names_the_cpu_and_its_isa_flags():
     assert {k: block[k] for k in ("cpu", "isa", "cpus")} == {k: machine[k] for k in ("cpu", "isa", "cpus")}
     assert set(block["isa"]) <= set(ISA_FLAGS)
     assert block["memory_bytes"] > 0 and "openvino" in block["versions"]
+
+
+def test_every_engine_with_a_follow_up_gets_a_row_and_a_target():
+    from ops.bench.report import followup_section
+    from ops.bench.targets import evaluate
+
+    def fu(first, follow):
+        return {"runs": 2, "reused": 2, "first_first_token_s": first, "followup_first_token_s": follow,
+                "embeddings_s": {"first": 1.0, "followup": 0.9}, "vision_encoder_runs": {"first": 2, "followup": 0}}
+
+    results = {"service": {"int4": {"engine": "serial", "followup": fu(2.0, 1.4)},
+                           "int4_direct": {"engine": "direct", "followup": fu(2.0, 0.2)}}}
+    text = "\n".join(followup_section(results))
+    assert "| serial |" in text and "| direct |" in text and "2 / 0" in text
+    by_id = {t.id: t for t in evaluate(results)}
+    assert by_id["followup"].measured == 0.7 and by_id["followup"].met is False
+    assert by_id["followup-direct"].measured == 0.1 and by_id["followup-direct"].met is True
