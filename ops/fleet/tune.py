@@ -300,7 +300,7 @@ def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None
                                    result.skipped, opts, limit, cpu, info, time.monotonic() - started)
             h.agent("write_record", {"path": service_probe.TUNED_FILE, "record": result.record})
             path = _controller_copy(result.record, opts.out)
-            echo(f"[tune] {name}: runs {result.engine} ({result.message}); record: {service_probe.TUNED_FILE}, {path}")
+            echo(f"[tune] {name}: runs {result.engine}: {result.message}; record: {service_probe.TUNED_FILE}, {path}")
         if not result.stranded:
             fleet.set_drained([], [name])
             drained = False
