@@ -79,9 +79,10 @@ def converged_inventory(staging_fleet, tiny_model: Path) -> Path:
 
 # --- order (the time budget is in tests/budget.py) -------------------------------------------------------------
 # The staging checks first (they need no converge), then site.yml's own module (the converge every later module
-# shares), then the rest in file order; tests on the no-AVX2 fleet last, so that its idle TCG VM, which takes CPU
-# from everything else on a 2-core machine, is up only at the end.
-FIRST = ("test_staging.py", "test_site.py")
+# shares), then `vlfleet tune` on one host (it puts the host back), then the rest in file order; tests on the
+# no-AVX2 fleet last, so that its idle TCG VM, which takes CPU from everything else on a 2-core machine, is up only
+# at the end.
+FIRST = ("test_staging.py", "test_site.py", "test_tune.py")
 
 
 def pytest_collection_modifyitems(items):
