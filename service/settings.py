@@ -85,13 +85,14 @@ FIELDS: tuple[Field, ...] = (
           "an IP address or host name"),
     Field("port", _int_range(1, 65535), 8000, "TCP port to listen on.", "an integer 1-65535"),
     Field("device", _choice("CPU"), "CPU", "OpenVINO device.", "CPU"),
-    Field("engine", _choice("serial", "batching", "direct", "llamacpp"), "serial",
-          "serial: one VLMPipeline, one request at a time. direct: one request at a time over the artifact's "
-          "sub-models, keeping encoded images and the conversation's KV, so a follow-up re-runs neither the vision "
-          "encoder nor the earlier turns. batching: a "
+    Field("engine", _choice("direct", "serial", "batching", "llamacpp"), "direct",
+          "direct: one request at a time over the artifact's sub-models, keeping encoded images and the "
+          "conversation's KV, so a follow-up re-runs neither the vision encoder nor the earlier turns. serial: one "
+          "genai VLMPipeline, one request at a time. batching: a "
           "ContinuousBatchingPipeline whose decode steps serve several requests at once. llamacpp: a private "
           "llama-server child on a GGUF artifact (VLFLEET_MODEL_DIR made by `vlfleet model.gguf`), one request at "
-          "a time; decodes faster, first token slower (docs/engines.md).", "serial, batching, direct or llamacpp"),
+          "a time; decodes faster, first token slower (docs/engines.md). `vlfleet tune` picks per host.",
+          "direct, serial, batching or llamacpp"),
     Field("llamacpp_server", _path, None,
           "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = "
           "llama-server on PATH.", "a file path"),

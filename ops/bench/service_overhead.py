@@ -216,7 +216,9 @@ def measure(model: Path, runs: int = 5, tokens: int = 64, port: int | None = Non
     proc = None
     try:
         print("[bench.service] starting the service", flush=True)
-        proc = start_service(model, port, logs / "service.log")
+        # The in-process side is genai's VLMPipeline: the service runs the engine built on it, so the ratio is the
+        # cost of HTTP, SSE and the service process around the same pipeline.
+        proc = start_service(model, port, logs / "service.log", {"VLFLEET_ENGINE": "serial"})
         wait_ready(url, proc, log=logs / "service.log")
         warm = workload.test_image(seed=runs + 1)
         side.answer(warm, 8)  # warm both paths

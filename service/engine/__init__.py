@@ -5,11 +5,11 @@ HTTP threads submit a Job and read its typed events; only the inference thread t
 - ``events``: what a job streams (Started, Token, Done, Failed, KEEPALIVE).
 - ``job``: a Job's queue, states and cancellation; ``replay`` of a cached answer.
 - ``base``: Engine, admission (readiness, memory, answer cache, queue) and the inference thread's life cycle.
-- ``serial``: SerialEngine, one VLMPipeline answering one request at a time (the default).
+- ``serial``: SerialEngine, one VLMPipeline answering one request at a time.
 - ``batching``: BatchingEngine, a ContinuousBatchingPipeline whose requests share decode steps.
 - ``genai``: the OpenVINO GenAI specifics both engines share: prompt, generation config, pipeline loading.
-- ``direct``: DirectEngine, one request at a time over the artifact's sub-models (``vision``: the vision encoder
-  with kept results; ``stateful_lm``: the language model whose KV state follows the conversation;
+- ``direct``: DirectEngine (the default), one request at a time over the artifact's sub-models (``vision``: the
+  vision encoder with kept results; ``stateful_lm``: the language model whose KV state follows the conversation;
   ``direct_pipeline``: prompt, sampling and text out).
 - ``llamacpp``: LlamaCppEngine, a private llama-server child process on a GGUF artifact (``llamacpp_child``
   starts, watches and stops it; ``llamacpp_api`` is what is said to it).
@@ -52,12 +52,7 @@ __all__ = [
 
 
 def make_engine(settings, *args, **kwargs) -> Engine:
-    """The engine VLFLEET_ENGINE names: serial (VLMPipeline), batching (ContinuousBatchingPipeline) or llamacpp
-    (a llama-server child process)."""
-    if settings.engine == "batching":
-        return BatchingEngine(settings, *args, **kwargs)
-    if settings.engine == "direct":
-        return DirectEngine(settings, *args, **kwargs)
-    if settings.engine == "llamacpp":
-        return LlamaCppEngine(settings, *args, **kwargs)
-    return SerialEngine(settings, *args, **kwargs)
+    """The engine VLFLEET_ENGINE names: direct (the sub-models), serial (VLMPipeline), batching
+    (ContinuousBatchingPipeline) or llamacpp (a llama-server child process)."""
+    engines = {"direct": DirectEngine, "serial": SerialEngine, "batching": BatchingEngine, "llamacpp": LlamaCppEngine}
+    return engines[settings.engine](settings, *args, **kwargs)

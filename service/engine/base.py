@@ -199,7 +199,7 @@ def log_inference(job: Job, timings: Timings, finish: str, cache: str) -> None:
         "first_token_s": None if timings.first_token_s is None else round(timings.first_token_s, 4),
         "total_s": round(timings.total_s, 4), "prompt_tokens": timings.prompt_tokens,
         "completion_tokens": timings.completion_tokens, "ms_per_token": None if ms is None else round(ms, 2),
-        "prefix_reuse": timings.reused_session, "rss_mib": _rss_mib()})
+        "prefix_reuse": timings.reused_session, "rss_mib": _rss_mib(), **timings.extra})
 
 
 @functools.cache

@@ -20,7 +20,9 @@ def _inference_lines(service, request_id: str) -> list[dict]:
 
 
 def _ask(service, request_id: str, stream: bool) -> requests.Response:
-    body = {"messages": [image_message(f"Describe it. {request_id}", png_bytes(color=(10, 200, 90)))],
+    # An image of its own per request: an engine that keeps encoded images must still encode this one.
+    color = tuple(bytes.fromhex(request_id[:6]))
+    body = {"messages": [image_message(f"Describe it. {request_id}", png_bytes(color=color))],
             "max_tokens": 6, "ignore_eos": True, "stream": stream}
     r = requests.post(service.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id},
                       timeout=120)
