@@ -60,6 +60,25 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _exit_worker(server, worker) -> None:
+    """gunicorn's worker_exit hook: end the worker now, with its exit code, after the atexit handlers (log flush,
+    the llamacpp engine's child) but without the interpreter's finalization.
+
+    The inference thread is a daemon thread inside OpenVINO; finalizing the interpreter around it has hung (seen
+    twice: an orphaned worker, one thread left in a futex wait, still holding the port). Nothing after the atexit
+    handlers is worth that risk.
+    """
+    import atexit
+    import os
+
+    error = sys.exc_info()[1]  # gunicorn calls this from a finally block: the worker's SystemExit, if any
+    code = error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else int(error is not None)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def serve(settings: Settings) -> None:
     from gunicorn.app.base import BaseApplication
 
@@ -84,6 +103,7 @@ def serve(settings: Settings) -> None:
                 "accesslog": None,
                 "errorlog": "-",
                 "loglevel": settings.log_level,
+                "worker_exit": _exit_worker,
             }.items():
                 self.cfg.set(key, value)
 
