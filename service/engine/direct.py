@@ -26,7 +26,8 @@ class DirectEngine(Engine):
     def trim(self) -> None:
         super().trim()
         if self.pipeline is not None:
-            self.pipeline.vision.trim()  # thread-safe; the KV state is the inference thread's, trimmed there
+            # Thread-safe. The KV state stays: it belongs to the inference thread and the prompt limits bound it.
+            self.pipeline.vision.trim()
 
     def _serve(self) -> None:
         while True:
