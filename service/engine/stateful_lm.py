@@ -110,6 +110,9 @@ class StatefulLM:
         deepstack = model.input("deepstack_visual_embeds").get_partial_shape()
         self._layers = 0 if deepstack[0].is_dynamic else deepstack[0].get_length()
         self._hidden = model.input("inputs_embeds").get_partial_shape()[2].get_length()
+        # The sequence axis of each KV variable: its last dynamic dimension (the first is the batch).
+        self._seq_axis = {v.info.variable_id: [i for i, d in enumerate(v.info.data_shape) if d.is_dynamic][-1]
+                          for v in model.get_variables()}
         self.keys: list = []  # one entry per token in the KV state
 
     def reset(self) -> None:
@@ -154,7 +157,7 @@ class StatefulLM:
         return np.array(out["logits"][0, -1])
 
     def _cut(self, length: int) -> None:
-        """Shorten the KV state to its first ``length`` tokens (the sequence axis is the one that has their count)."""
+        """Shorten the KV state to its first ``length`` tokens."""
         if length >= len(self.keys):
             return
         if length == 0:
@@ -162,8 +165,7 @@ class StatefulLM:
             return
         for state in self._request.query_state():
             value = state.state.data
-            axis = next(i for i, d in enumerate(value.shape) if d == len(self.keys) and i > 0)
-            state.state = _tensor(np.take(value, np.arange(length), axis=axis))
+            state.state = _tensor(np.take(value, np.arange(length), axis=self._seq_axis[state.name]))
         del self.keys[length:]
 
 
