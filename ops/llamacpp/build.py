@@ -77,7 +77,7 @@ class BuildConfig:
 
 def test_config() -> BuildConfig:
     """What the test suite runs on the tiny model: llama-server and llama-quantize at -O1, which builds in about half
-    the time of the bench's -O3 build (measured: 13 vs 25 min on 2 busy cores) and is fast enough for a tiny model."""
+    the time of the bench's -O3 build under the same load, and is fast enough for a tiny model."""
     return replace(default_config(), targets=("llama-server", "llama-quantize"), optimize=1)
 
 

@@ -3,7 +3,7 @@ real clients (the openai client, curl): streamed SSE, prompt re-use on a follow-
 counted as llama-server counts, and a killed llama-server making the service unready until the engine restarts it.
 
 llama-server comes from the project's cached build (ops.llamacpp.build, default native config): built once per
-machine and CPU (at -O1: about 13 minutes on 2 busy cores), then found in the cache.
+machine and CPU (at -O1, ops.llamacpp.build.test_config), then found in the cache.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ MAX_TOKENS = 30000  # long enough that an ignore_eos answer is still running whe
 
 @pytest.fixture(scope="module")
 def llama_server() -> Path:
-    """The cached test build, or a build now (about 13 minutes on 2 busy cores, once per machine and CPU)."""
+    """The cached test build, or a build now (once per machine and CPU)."""
     from ops.llamacpp import build
 
     config = build.test_config()
