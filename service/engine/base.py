@@ -133,7 +133,27 @@ class Engine:
         return self.pipeline.get_tokenizer()
 
     def _serve(self) -> None:
+        """One job at a time (engines whose pipeline answers one request at a time)."""
+        while True:
+            self._run_job(self._next_job())
+
+    def _run_job(self, job: Job) -> None:
+        self.running = job
+        try:
+            self._generate(job)
+        except Exception as e:
+            log.exception("generation failed", extra={"request_id": job.request_id})
+            self._fail(job, self._failure(e))
+        finally:
+            self.running = None
+            job._transition(RUNNING, FINISHED)
+
+    def _generate(self, job: Job) -> None:
         raise NotImplementedError
+
+    def _failure(self, error: Exception) -> Exception:
+        """The error a job whose generation raised ``error`` fails with; engines may also reset state here."""
+        return error
 
     def _warmup(self) -> None:
         raise NotImplementedError

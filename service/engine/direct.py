@@ -5,16 +5,13 @@ turns before it. The same queue, answer cache, sessions, limits, metrics and SSE
 
 from __future__ import annotations
 
-import logging
 import time
 
 from service.conversation import Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
 from service.engine.direct_pipeline import DirectPipeline
 from service.engine.events import Started, Token
-from service.engine.job import FINISHED, RUNNING, Job
-
-log = logging.getLogger("vlfleet.engine")
+from service.engine.job import Job
 
 
 class DirectEngine(Engine):
@@ -29,19 +26,9 @@ class DirectEngine(Engine):
             # Thread-safe. The KV state stays: it belongs to the inference thread and the prompt limits bound it.
             self.pipeline.vision.trim()
 
-    def _serve(self) -> None:
-        while True:
-            job = self._next_job()
-            self.running = job
-            try:
-                self._generate(job)
-            except Exception as e:
-                log.exception("generation failed", extra={"request_id": job.request_id})
-                self.pipeline.lm.reset()  # a half-fed state is nobody's conversation
-                self._fail(job, e)
-            finally:
-                self.running = None
-                job._transition(RUNNING, FINISHED)
+    def _failure(self, error: Exception) -> Exception:
+        self.pipeline.lm.reset()  # a half-fed state is nobody's conversation
+        return error
 
     def _warmup(self) -> None:
         self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))

@@ -129,16 +129,8 @@ class LlamaCppEngine(Engine):
             if job is not None:
                 self._run_job(job)
 
-    def _run_job(self, job: Job) -> None:
-        self.running = job
-        try:
-            self._generate(job)
-        except Exception as e:
-            log.exception("generation failed", extra={"request_id": job.request_id})
-            self._fail(job, e if self.pipeline.alive() else self._child_gone())
-        finally:
-            self.running = None
-            job._transition(RUNNING, FINISHED)
+    def _failure(self, error: Exception) -> Exception:
+        return error if self.pipeline.alive() else self._child_gone()
 
     def _fail_and_close(self, job: Job, error: APIError) -> None:
         self._fail(job, error)

@@ -7,7 +7,6 @@ that went away stops its generation early.
 
 from __future__ import annotations
 
-import logging
 import time
 
 from service.conversation import Sampling, Timings
@@ -15,9 +14,7 @@ from service.detokenize import token_streamer
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
 from service.engine.genai import generation_config, image_tensors, load_pipeline, render_prompt
-from service.engine.job import FINISHED, RUNNING, Job
-
-log = logging.getLogger("vlfleet.engine")
+from service.engine.job import Job
 
 
 class SerialEngine(Engine):
@@ -25,19 +22,6 @@ class SerialEngine(Engine):
 
     def _load(self):
         return load_pipeline(self.settings)
-
-    def _serve(self) -> None:
-        while True:
-            job = self._next_job()
-            self.running = job
-            try:
-                self._generate(job)
-            except Exception as e:
-                log.exception("generation failed", extra={"request_id": job.request_id})
-                self._fail(job, e)
-            finally:
-                self.running = None
-                job._transition(RUNNING, FINISHED)
 
     def _warmup(self) -> None:
         self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))
