@@ -46,3 +46,15 @@ def children(pid: int) -> list[int]:
             return [int(p) for p in f.read().split()]
     except OSError:
         return []
+
+
+def tree_peak_rss_bytes(pid: int) -> int | None:
+    """The sum of VmHWM over ``pid`` and all its descendants: what a host's tune reads over the unit's cgroup, so an
+    engine with a child process (llamacpp's llama-server) is not measured by its worker alone."""
+    peaks, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        peaks.append(peak_rss_bytes(current))
+        todo += children(current)
+    present = [p for p in peaks if p is not None]
+    return sum(present) if present else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ops.bench.stats import TOLERANCE, ratio
-from ops.bench.targets import Target, dig, summary
+from ops.bench.targets import Target, answer_rivals, dig, summary
 
 GB = 1e9
 
@@ -144,6 +144,27 @@ def peer_section(results: dict) -> list[str]:
     return out
 
 
+def tune_section(results: dict) -> list[str]:
+    """Each engine `vlfleet tune` measured here, the one it picks and why, beside the answer times it must beat."""
+    tune = results.get("tune")
+    if not tune:
+        return []
+    rows = [[engine + (" (picked)" if engine == tune.get("engine") else ""), c.get("status", ""),
+             num(c.get("score_s")), num(c.get("first_token_s")), num(c.get("ms_per_token"), 1),
+             gb(c.get("peak_rss_bytes")), num(c.get("ready_s"), 1), c.get("reason") or ""]
+            for engine, c in (tune.get("candidates") or {}).items()]
+    rows += [[engine, "skipped", "", "", "", "", "", why] for engine, why in (tune.get("skipped") or {}).items()]
+    rows += [[name, "same run", num(total), "", "", "", "", "for comparison"]
+             for name, total in answer_rivals(results).items() if total is not None]
+    return [f"## The engine `vlfleet tune` picks on this machine ({tune.get('tokens')}-token answers)", "",
+            f"Each engine started alone and timed by the probe hosts run (`service.probe latency`: {tune.get('runs')} "
+            "answers, a new 416x277 image each), scored and picked by `ops.fleet.tune` (median time to the whole "
+            f"answer, within the memory budget: {tune.get('budget')}). Peak RSS: all of the service's processes. "
+            f"Picked: **{tune.get('engine')}** ({tune.get('why')}).", "",
+            table(["engine", "status", f"time to {tune.get('tokens')} tokens (s)", "first token (s)", "ms/token",
+                   "peak RSS (GB)", "ready after (s)", "note"], rows), ""]
+
+
 def render(results: dict, charts: list[str] | None = None) -> str:
     meta = results.get("meta", {})
     out = [f"# vlfleet bench: {meta.get('started', '')}", ""]
@@ -234,6 +255,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
                     f"{verdicts['ms_per_token']['summary']}. Within means |ratio - 1| <= {TOLERANCE:g}, either way: "
                     "an in-process side slower than the service means the two sides did not do the same work.", ""]
     out += peer_section(results)
+    out += tune_section(results)
     levers = results.get("levers")
     if levers:
         rows = [[lv["name"], lv["setting"], num(lv.get("cold_start_s"), 1), num(lv["first_token_s"]),

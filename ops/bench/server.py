@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ops.bench.memory import children, memory_status, peak_rss_bytes
+from ops.bench.memory import children, memory_status, peak_rss_bytes, tree_peak_rss_bytes
 from ops.process import die_with_parent, terminate
 
 # Benchmarks measure generation: repeated prompts must not be answered from the answer cache.
@@ -101,7 +101,8 @@ class Server:
 
     def peak_rss(self) -> dict[str, int | None]:
         worker = self.worker_pid()
-        return {"worker": peak_rss_bytes(worker) if worker else None, "master": peak_rss_bytes(self.proc.pid)}
+        return {"worker": peak_rss_bytes(worker) if worker else None, "master": peak_rss_bytes(self.proc.pid),
+                "all": tree_peak_rss_bytes(self.proc.pid)}
 
     def memory(self) -> dict[str, int | None]:
         worker = self.worker_pid()

@@ -25,7 +25,7 @@ from ops.bench.charts import suite_charts
 from ops.bench.report import render
 from ops.bench.server import Server, model_size
 
-SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead", "peer")
+SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead", "peer", "tune")
 EXTRA_SECTIONS = ("levers",)  # only when asked for: A/B of service settings
 FOLLOWUP = "What are the main colors, and where are they?"
 FULL_SIDE = (1200, 800)
@@ -36,7 +36,7 @@ class Plan:
     sections: tuple[str, ...] = SECTIONS
     runs: int = 5
     baseline_runs: int = 2
-    tokens: int = 64
+    tokens: int = 128  # a typical answer: what `vlfleet tune` scores by default
     clients: tuple[int, ...] = (1, 2, 4, 8)
     rounds: int = 2  # requests per client per concurrency level
     out: Path = Path("results")
@@ -319,8 +319,11 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
     def levers() -> None:
         results["levers"] = lever_ab(plan, artifact, say)
 
+    def tune() -> None:
+        results["tune"] = tune_engines(plan, artifact, peer_inputs, say)
+
     steps = (("machine", machine), ("baselines", baselines), ("int8", int8), ("int4", int4),
-             ("overhead", overhead), ("peer", peer), ("levers", levers))
+             ("overhead", overhead), ("peer", peer), ("tune", tune), ("levers", levers))
     try:
         for name, fn in steps:
             section(name, fn)
@@ -364,6 +367,49 @@ def measure_peer(inputs: PeerInputs, plan: Plan, say: Callable[[str], None]) -> 
     say(f"llama-server: first token {entry['image_416']['first_token_s']:.2f}s, "
         f"{entry['image_416']['ms_per_token']:.1f} ms/token, peak RSS {(entry['peak_rss_bytes'] or 0) / 1e9:.2f} GB")
     return entry
+
+
+def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Callable[[], PeerInputs] | None,
+                 say: Callable[[str], None]) -> dict:
+    """`vlfleet tune`'s choice on this machine, made by its own code: the engines it would measure (ops.fleet.tune
+    plan), each started alone and timed by the probe a host runs (service.probe latency: ``plan.tokens`` tokens, a
+    new image each run), then scored and picked by the same functions. The peak is the whole process tree's, as a
+    host reads it over the unit's cgroup (a llama-server child included)."""
+    from dataclasses import asdict
+
+    from ops.fleet import tune
+    from service import probe
+
+    peer, peer_error = None, "the run was given no llama-server (peer_inputs)"
+    if peer_inputs is not None:
+        try:
+            peer = peer_inputs()
+        except Exception as e:  # the other engines are still measured; llamacpp is skipped with the reason
+            peer_error = f"llama-server or the GGUF artifact could not be built: {type(e).__name__}: {e}"[:300]
+    info = {"llama_server": {"path": str(peer.server), "exists": peer.server.is_file()} if peer else {}}
+    limit, limit_source = tune.budget({})
+    candidates, skipped = [], {}
+    for engine, skip in tune.plan(None, None, info):
+        if engine == "llamacpp" and peer is None:
+            skip = peer_error
+        if skip:
+            skipped[engine] = skip
+            say(f"tune: {engine} skipped: {skip}")
+            continue
+        model, env = artifact("int4"), {"VLFLEET_ENGINE": engine}
+        if engine == "llamacpp":
+            model, env = peer.artifact, {**env, "VLFLEET_LLAMACPP_SERVER": str(peer.server)}
+        with Server(model, plan.log_dir / f"tune-{engine}.log", env) as s:
+            runs = probe.latency("127.0.0.1", s.port, plan.tokens, plan.runs, 300.0)
+            c = tune.evaluate(engine, runs, plan.tokens, s.peak_rss()["all"], limit, s.cold_start_s)
+        candidates.append(c)
+        say(f"tune: {engine}: {c.score_s} s to a {plan.tokens}-token answer (first token {c.first_token_s} s, "
+            f"{c.ms_per_token} ms/token), peak RSS {(c.peak_rss_bytes or 0) / 1e9:.2f} GB {c.reason}")
+    engine, why = tune.pick(candidates)
+    say(f"tune picks {engine}: {why}")
+    return {"engine": engine, "why": why, "tokens": plan.tokens, "runs": plan.runs, "budget": limit_source,
+            "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in candidates},
+            "skipped": skipped}
 
 
 def _compile_cache() -> str:

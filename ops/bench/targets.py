@@ -95,6 +95,42 @@ def peer_targets(results: dict) -> list[Target]:
     ]
 
 
+def answer_rivals(results: dict) -> dict[str, float | None]:
+    """Time to the complete answer of llama-server and of the bare OpenVINO pipeline (the overhead section's
+    in-process side), where they were measured in this run with as many tokens as the tune section."""
+    tokens = dig(results, "tune", "tokens")
+    out = {}
+    for name, summ in (("llama-server", dig(results, "peer", "image_416")),
+                       ("bare OpenVINO pipeline", dig(results, "overhead", "in_process"))):
+        out[name] = summ.get("total_s") if summ and summ.get("tokens") == tokens else None
+    return out
+
+
+def tune_targets(results: dict) -> list[Target]:
+    """The service on the engine `vlfleet tune` picks on this machine, against the best alternative of the run."""
+    tune = results.get("tune") or {}
+    engine = tune.get("engine")
+    chosen = (tune.get("candidates") or {}).get(engine or "") or {}
+    rivals = answer_rivals(results)
+    missing = [name for name, v in rivals.items() if v is None]
+    best = None if missing else min(rivals.values())
+    if not tune:
+        detail = "tune not measured in this run"
+    elif missing:
+        detail = f"not measured in this run with {tune.get('tokens')} tokens: {', '.join(missing)}"
+    else:
+        detail = f"{engine} {chosen.get('score_s')} s; " + ", ".join(f"{k} {v:.2f} s" for k, v in rivals.items())
+    peer_rss = dig(results, "peer", "peak_rss_bytes")
+    return [
+        Target("tune-answer", f"time to a complete {tune.get('tokens', '?')}-token answer, the service on tune's "
+               "engine / the better of llama-server and the bare OpenVINO pipeline (same run)",
+               ratio(chosen.get("score_s"), best), 0.9, "x", detail=detail),
+        Target("tune-rss", "peak RSS, the service on tune's engine (all its processes) / llama-server (same run)",
+               ratio(chosen.get("peak_rss_bytes"), peer_rss), 1.0, "x",
+               detail=PEER_MISSING if peer_rss is None else f"engine {engine}"),
+    ]
+
+
 def evaluate(results: dict) -> list[Target]:
     svc = dig(results, "service", "int4", "image_416") or {}
     first = svc.get("first_token_s")
@@ -147,7 +183,7 @@ def evaluate(results: dict) -> list[Target]:
         Target("http-tpot", "HTTP+SSE / in-process VLMPipeline, ms per token", tpot_ratio, 1.0, "x",
                tolerance=TOLERANCE, detail=_either_way(tpot_ratio)),
     ]
-    return targets + peer_targets(results)
+    return targets + peer_targets(results) + tune_targets(results)
 
 
 def summary(targets: list[Target]) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 Engines differ per CPU, so each host measures its own. For every engine the host can run, tune starts the service
 on it (the override env file the unit reads after the release's, service.probe.ENGINE_ENV_FILE), waits for /readyz,
-times ``runs`` answers of ``tokens`` tokens about a fixed image from the host itself (`service.probe latency`) and
+times ``runs`` answers of ``tokens`` tokens, each about a new image, from the host itself (`service.probe latency`) and
 reads the service's peak RSS. The score is the median time to the complete answer (first token + the rest of the
 tokens). The fastest engine whose peak fits the host's memory budget wins, unless one is pinned (`--engine`, or
 `vlfleet_engine` in the host's inventory vars); the service is restarted on it and the record is written on the

@@ -32,14 +32,15 @@ def _peer():
 
 @task(default=True, help={
     "only": "comma-separated subset: machine, baselines, int8, int4, images, followup, concurrency, overhead, "
-            "peer (llama-server on the same checkpoint as GGUF, built on first use), levers (A/B, off by default), "
+            "peer (llama-server on the same checkpoint as GGUF, built on first use), tune (the engine `vlfleet tune` "
+            "picks on this machine, by its own code), levers (A/B, off by default), "
             "or service (= int4,images,followup)",
     "quick": "fewer runs (2), one baseline run, clients 1/2/4 once each: a check of the harness, not a result",
     "runs": "measured answers per configuration (default 5; 2 with --quick)",
-    "tokens": "new tokens per answer (default 64)",
+    "tokens": "new tokens per answer (default 128: a typical answer, as `vlfleet tune` scores)",
     "out": "results directory (default results/, or results/quick for --quick/--only runs)",
 })
-def run(c, only=None, quick=False, runs=None, tokens=64, out=None):
+def run(c, only=None, quick=False, runs=None, tokens=128, out=None):
     """Run the benchmark suite on the 2b-shape model (~30-40 min in full; artifacts are built on first use)."""
     from ops.bench.suite import Plan, parse_only
     from ops.bench.suite import run as run_suite

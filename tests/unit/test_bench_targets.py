@@ -230,3 +230,43 @@ def test_memory_split_is_reported():
     md = render(r)
     assert "int4 worker after the single-client runs: RSS 2.90 GB = 1.80 GB anonymous" in md
     assert "1.10 GB file-backed" in md
+
+
+def with_tune(r: dict, tokens: int = 128, direct_s: float = 5.0) -> dict:
+    """A tune section (as ops.bench.suite.tune_engines writes it) and rivals measured with as many tokens."""
+    r["peer"]["image_416"]["tokens"] = r["overhead"]["in_process"]["tokens"] = tokens
+    r["overhead"]["in_process"]["total_s"] = 6.0
+    r["tune"] = {"engine": "direct", "why": "fastest within budget", "tokens": tokens, "runs": 3, "budget": "none",
+                 "candidates": {"serial": {"status": "ok", "score_s": 6.5, "peak_rss_bytes": 2.6e9, "reason": ""},
+                                "direct": {"status": "ok", "score_s": direct_s, "peak_rss_bytes": 2.4e9,
+                                           "reason": ""}},
+                 "skipped": {"batching": "shares decode steps"}}
+    return r
+
+
+def test_tune_targets_divide_the_picked_engine_by_the_better_rival_of_the_run():
+    t = by_id(evaluate(with_tune(results())))
+    assert t["tune-answer"].measured == pytest.approx(5.0 / 6.0)  # bare pipeline 6.0 s beats llama-server 7.2 s
+    assert t["tune-answer"].met is True
+    assert t["tune-rss"].measured == pytest.approx(2.4 / 2.5)
+    t = by_id(evaluate(with_tune(results(), direct_s=5.8)))
+    assert t["tune-answer"].met is False  # 5.8 / 6.0 > 0.9
+
+
+def test_tune_targets_are_not_evaluated_against_rivals_of_another_length():
+    r = with_tune(results())
+    r["peer"]["image_416"]["tokens"] = 64
+    t = by_id(evaluate(r))
+    assert t["tune-answer"].measured is None and "llama-server" in t["tune-answer"].detail
+    del r["tune"]
+    assert by_id(evaluate(r))["tune-answer"].detail == "tune not measured in this run"
+
+
+def test_the_report_shows_what_tune_measured_and_picked():
+    r = with_tune(results())
+    r["targets"] = [t.as_dict() for t in evaluate(r)]
+    md = render(r)
+    assert "## The engine `vlfleet tune` picks on this machine (128-token answers)" in md
+    assert "| direct (picked) | ok | 5.00 |" in md
+    assert "| batching | skipped |" in md
+    assert "| llama-server | same run | 7.20 |" in md
