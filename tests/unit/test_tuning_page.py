@@ -1,0 +1,48 @@
+"""docs/tuning.md is rendered from bench.json files: per CPU class, the newest run that measured each decision."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ops.bench.tuning_page import render
+
+AVX512 = {"cpu": "AMD EPYC", "isa": ["avx2", "avx512f"]}
+AVX2 = {"cpu": "AMD EPYC", "isa": ["avx2"]}
+
+
+def write(results: Path, name: str, started: str, machine: dict, **data) -> None:
+    run = results / name
+    run.mkdir(parents=True)
+    (run / "bench.json").write_text(json.dumps({"meta": {"started": started, "machine": machine, "tokens": 128},
+                                                **data}))
+
+
+def lever(name: str, setting: str, first: float, ms: float) -> dict:
+    return {"name": name, "setting": setting, "first_token_s": first, "ms_per_token": ms, "peak_rss_bytes": 3e9}
+
+
+def test_each_cpu_class_gets_its_own_advice_from_its_newest_run(tmp_path):
+    results = tmp_path / "results"
+    tune = {"engine": "direct", "why": "fastest within budget", "tokens": 128,
+            "candidates": {"serial": {"status": "ok", "score_s": 9.0}, "direct": {"status": "ok", "score_s": 7.5}}}
+    write(results, "old", "2026-11-01 10:00", AVX512, tune={**tune, "engine": "serial"})
+    write(results, "new", "2026-11-02 10:00", AVX512, tune=tune)
+    write(results, "avx2", "2026-11-03 10:00", AVX2, levers=[
+        lever("baseline", "service defaults", 2.0, 100.0),
+        lever("precision", "VLFLEET_PRECISION=f32", 2.05, 80.0),  # decode 20 % faster, first token 2.5 % slower
+        lever("threads", "VLFLEET_THREADS=1", 1.9, 97.0)])  # within noise: not advice
+    md = render(results)
+    avx512 = md.split("## AMD EPYC (avx2, avx512f)")[1].split("## AMD EPYC (avx2)")[0]
+    assert "Pick **direct** (fastest within budget)" in avx512 and "results/new/bench.json" in avx512
+    assert "| direct | ok | 7.50 |" in avx512
+    avx2 = md.split("## AMD EPYC (avx2)\n")[1]
+    assert "### Engine\n\nNot measured on this CPU class." in avx2
+    assert "here: VLFLEET_PRECISION=f32." in avx2
+    assert "THREADS=1." not in avx2
+
+
+def test_the_committed_page_is_what_the_results_give():
+    root = Path(__file__).resolve().parents[2]
+    assert (root / "docs" / "tuning.md").read_text() == render(root / "results"), \
+        "docs/tuning.md is stale: run python -m ops.docs_gen"
