@@ -1,6 +1,6 @@
 """Faults on the staging fleet, each followed by its recovery: what breaks, what the fleet does by itself, how long
-it takes. Every test puts back what it broke (the fleet is shared by the e2e modules) and prints a `[faults]` line
-with its measured times; docs/reliability.md quotes them.
+it takes. Every test puts back what it broke (the fleet is shared by the e2e modules); the measuring ones keep their
+times as `faults-*.json` reports (tests/reports.py), from which docs/reliability.md's figures are generated.
 
   kill -9 of the service's main process        systemd restarts it; /readyz 200 again within KILL_BOUND_S
   vm1 reboots (guest `systemctl reboot`)       swap, limits and the service come back; the checklist passes
@@ -33,6 +33,7 @@ from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import converge
 from tests.e2e.waivers import staging_waivers
 from tests.prereq import require_tools
+from tests.reports import record
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -89,13 +90,7 @@ def _chat_through(address: str, port: int, n: int) -> int:
 
 
 def _record(name: str, data: dict) -> None:
-    """Print and keep the measurement (docs/reliability.md is filled from these)."""
-    from ops.paths import cache_root
-
-    out = cache_root() / "reports"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"faults-{name}.json").write_text(json.dumps(data, indent=1))
-    print(f"\n[faults] {name}: {json.dumps(data)}")
+    record(f"faults-{name}", data)
 
 
 # -- the fleet -------------------------------------------------------------------------------------------------

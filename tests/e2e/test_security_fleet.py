@@ -25,6 +25,7 @@ import pytest
 
 from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import converge, site_vars
+from tests.reports import record
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -173,3 +174,4 @@ def test_unit_exposure_at_most_3(planted, hosts):
             levels[name] = float(re.search(r"Overall exposure level for vlfleet.service: ([0-9.]+)", report).group(1))
     print(f"\n[security] systemd-analyze security exposure: {levels}")
     assert levels and max(levels.values()) <= 3.0, levels
+    record("security-exposure", {"levels": levels, "limit": 3.0})  # docs/reliability.md is generated from it
