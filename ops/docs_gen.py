@@ -224,9 +224,10 @@ def limits() -> list[str]:
     fields = {f.name: f for f in FIELDS}
     lines = ["## Limits", "",
              "One inference thread serves every client, so what a single request may ask is bounded: a prompt "
-             "over a limit is refused at the door with a 400 (413 for bodies and images, 429 or 503 when the queue "
-             "is full or slow) whose message names the limit, the setting and the count, before it takes a queue "
-             "slot. Each is a `VLFLEET_*` setting ([configuration.md](configuration.md)).", "",
+             "over a limit is refused at the door with a 400 (413 for bodies and images; 429 when the queue is full "
+             "or its work would outlast the queue timeout, 503 when a wait outlasts it anyway) whose message names "
+             "the limit, the setting and the count, before it takes a queue slot. Each is a `VLFLEET_*` setting "
+             "([configuration.md](configuration.md)).", "",
              "| Setting | Default | Why |", "|---|---|---|"]
     lines += [f"| `{fields[n].env}` | {_default(fields[n].default)} | {_cell(fields[n].help)} |" for n in LIMITS]
     return [*lines, ""]

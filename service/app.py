@@ -91,7 +91,8 @@ def _instrument(app: Flask, state: State) -> None:
         endpoint = request.url_rule.rule if request.url_rule else "unmatched"
         state.metrics.requests.labels(endpoint=endpoint, status=str(response.status_code)).inc()
         if response.status_code in (429, 503) and endpoint != "/readyz":
-            state.metrics.rejected.labels(reason=str(response.status_code)).inc()
+            reason = g.get("refusal_reason") or str(response.status_code)  # "wait": refused for the estimated wait
+            state.metrics.rejected.labels(reason=reason).inc()
         if endpoint not in ("/metrics", "/healthz", "/readyz"):
             log.info("request", extra={"request_id": g.get("request_id"), "method": request.method,
                                        "path": request.path, "status": response.status_code,

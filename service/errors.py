@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Flask, jsonify
+from flask import Flask, g, jsonify
 from werkzeug.exceptions import HTTPException
 
 
@@ -30,13 +30,19 @@ class APIError(Exception):
 
 
 class Overloaded(APIError):
-    def __init__(self, message: str, status: int, retry_after: int):
+    """A refusal for load: come back after ``retry_after`` s. ``reason`` labels it in the refusal counter (default:
+    the status); the service counts it when it answers (service.app)."""
+
+    def __init__(self, message: str, status: int, retry_after: int, reason: str | None = None):
         super().__init__(message, status, code="overloaded", headers={"Retry-After": str(retry_after)})
+        self.reason = reason or str(status)
 
 
 def register(app: Flask) -> None:
     @app.errorhandler(APIError)
     def _api_error(e: APIError):
+        if isinstance(e, Overloaded):
+            g.refusal_reason = e.reason
         response = jsonify(e.body())
         response.status_code = e.status
         response.headers.update(e.headers)

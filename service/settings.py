@@ -130,7 +130,11 @@ FIELDS: tuple[Field, ...] = (
           "Requests that may wait for the inference thread; beyond it: 429 with Retry-After.",
           "an integer 1-1024"),
     Field("queue_timeout", _float_range(0.1, 3600), 120.0,
-          "Seconds a request may wait in the queue before it gets 503.", "a number of seconds 0.1-3600"),
+          "Seconds a request may wait for the inference thread: past that, a client is better off retrying later or "
+          "on another host. A request whose estimated wait is longer gets 429 with Retry-After at once, not a 503 "
+          "after the wait (the estimate: the running job's rest plus each queued job's prefill and max_tokens at the "
+          "measured seconds per token; one-at-a-time engines, once an answer was timed). One that waits longer "
+          "anyway gets 503.", "a number of seconds 0.1-3600"),
     Field("max_tokens", _int_range(1, 32768), 128,
           "Server maximum for max_tokens/max_completion_tokens (and the default).", "an integer 1-32768"),
     Field("image_max_side", _int_range(0, 8192), 448,

@@ -1,21 +1,24 @@
 """Admission and the inference thread's life cycle, shared by both engines.
 
 VLMPipeline is not safe to call from two threads, so HTTP threads never touch it: they submit a Job and
-read its events from the job's own queue. A full queue is refused at once (429); a job that waits too long
-is abandoned (503); a client that goes away cancels its job, and generation stops so the next job starts
-promptly. Subclasses own the pipeline: how it is loaded, warmed up and driven.
+read its events from the job's own queue. A full queue, or queued work estimated to take longer than the queue
+timeout, is refused at once (429); a job that waits too long anyway is abandoned (503); a client that goes away
+cancels its job, and generation stops so the next job starts promptly. Subclasses own the pipeline: how it is
+loaded, warmed up and driven.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import queue
 import threading
 import time
 
 from service.answer_cache import AnswerCache, CachedAnswer, cache_key
 from service.conversation import Conversation, Sampling, Timings, Turn
+from service.engine.admission import WaitEstimator
 from service.engine.events import Done, Failed
 from service.engine.genai import render_prompt
 from service.engine.job import FINISHED, QUEUED, RUNNING, Job, replay
@@ -27,11 +30,15 @@ log = logging.getLogger("vlfleet.engine")
 
 
 class Engine:
-    """Admission (readiness, memory, answer cache, bounded queue) and the inference thread's life cycle.
+    """Admission (readiness, memory, answer cache, bounded queue, estimated wait) and the inference thread's life
+    cycle.
 
     Subclasses own the pipeline: ``_warmup`` and ``_serve`` run on the inference thread once it is loaded.
     ``pipeline_factory`` builds the pipeline in that thread (tests inject one that fails on purpose).
     """
+
+    # Queued jobs run one after another (service.engine.admission): engines that run several at once opt out.
+    estimates_wait = True
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         self.settings = settings
@@ -50,6 +57,7 @@ class Engine:
         self.pipeline = None
         self.running: Job | None = None
         self.load_seconds: float | None = None
+        self.admission = WaitEstimator() if self.estimates_wait else None
 
     def start(self) -> None:
         self._thread.start()
@@ -76,6 +84,7 @@ class Engine:
             return job
         if key is not None and self.answers.enabled and self.metrics:
             self.metrics.cache_misses.inc()
+        self._refuse_long_wait()  # after the cache: an answer at hand never waits in the queue
         job = Job(conversation, sampling, request_id, key)
         try:
             self._queue.put_nowait(job)
@@ -95,6 +104,27 @@ class Engine:
             if self.metrics:
                 self.metrics.shed.inc()
             raise Overloaded(self.memory.reason() + "; retry later", 503, retry_after=10)
+
+    def _refuse_long_wait(self) -> None:
+        """429 now for a request that would wait past VLFLEET_QUEUE_TIMEOUT, rather than a 503 after that wait.
+
+        Two requests at once may both fit and both queue: the estimate is a bound on waiting, not a slot count.
+        """
+        wait, limit = self.estimated_wait(), self.settings.queue_timeout
+        if wait is None or wait <= limit:
+            return
+        raise Overloaded(f"server busy: about {wait:.0f} s of queued work ahead, over VLFLEET_QUEUE_TIMEOUT="
+                         f"{limit:g}s; retry later", 429, retry_after=max(1, math.ceil(wait)), reason="wait")
+
+    def estimated_wait(self) -> float | None:
+        """Seconds a request submitted now would wait to start; None without an estimate (none learnt yet)."""
+        if self.admission is None:
+            return None
+        running = self.running  # its started_at was set before it became the running job
+        current = None if running is None else (running.sampling.max_tokens, time.monotonic() - running.started_at)
+        with self._queue.mutex:  # queue.Queue's own lock: a consistent look at what waits, without taking it out
+            queued = [job.sampling.max_tokens for job in self._queue.queue if job.queued]
+        return self.admission.wait(current, queued)
 
     # --- inference thread -------------------------------------------------------------------------------
 
@@ -138,6 +168,7 @@ class Engine:
             self._run_job(self._next_job())
 
     def _run_job(self, job: Job) -> None:
+        job.started_at = time.monotonic()
         self.running = job
         try:
             self._generate(job)
@@ -184,6 +215,8 @@ class Engine:
         job.put(Done(finish_reason=finish, text="".join(pieces), timings=timings,
                      session=session_key if finish != "cancelled" else None))
         job._transition(RUNNING, FINISHED)
+        if self.admission is not None and job is self.running:  # not the warm-up: a cold first run, not typical
+            self.admission.learn(timings)
         log_inference(job, timings, finish, "miss")
 
     def _finish_reason(self, job: Job, timings: Timings) -> str:

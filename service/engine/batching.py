@@ -41,6 +41,11 @@ class Active:
 class BatchingEngine(Engine):
     """A ContinuousBatchingPipeline stepped by the inference thread, up to VLFLEET_MAX_BATCH jobs per step."""
 
+    # No admission by estimated wait: a queued job starts when any of up to VLFLEET_MAX_BATCH active jobs ends, and
+    # shared steps slow each one down, so the sum of serial job times (service.engine.admission) would overstate the
+    # wait many times over. The bounded queue (429) and the queue timeout (503) still hold here.
+    estimates_wait = False
+
     def _load(self):
         return load_batching_pipeline(self.settings)
 

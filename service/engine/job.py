@@ -29,6 +29,7 @@ class Job:
         self.request_id = request_id
         self.cache_key = cache_key
         self.enqueued_at = time.monotonic()
+        self.started_at: float | None = None  # set by the inference thread when it runs the job
         self.cancelled = threading.Event()
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._state = QUEUED
@@ -40,6 +41,11 @@ class Job:
                 return False
             self._state = new
             return True
+
+    @property
+    def queued(self) -> bool:
+        """Still waiting to start (not picked up, not abandoned)."""
+        return self._state == QUEUED
 
     def cancel(self) -> None:
         """The client went away: drop the job if still queued, else make the streamer return CANCEL."""

@@ -29,10 +29,13 @@ IN_FLIGHT = "vlfleet_in_flight_requests"  # the /metrics request reading it coun
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    # Queue room for the whole burst; answer cache off so no request is replayed instead of generated; no
-    # shedding for the share of system memory in use (a busy test machine is not what this module tests).
+    # Queue room for the whole burst, and time: admission counts each queued request's max_tokens of work although
+    # these clients hang up after their first token, so the default queue timeout would refuse the burst's tail
+    # (429). Answer cache off so no request is replayed instead of generated; no shedding for the share of system
+    # memory in use (a busy test machine is not what this module tests).
     srv = servers.start(tiny_model, tmp_path_factory.mktemp("slow"), VLFLEET_QUEUE_SIZE=str(BURST + 4),
-                        VLFLEET_MAX_TOKENS=str(LONG), VLFLEET_ANSWER_CACHE_MB="0", VLFLEET_MEMORY_HIGH_WATER="1.0")
+                        VLFLEET_QUEUE_TIMEOUT="900", VLFLEET_MAX_TOKENS=str(LONG), VLFLEET_ANSWER_CACHE_MB="0",
+                        VLFLEET_MEMORY_HIGH_WATER="1.0")
     yield srv
     srv.stop()
 

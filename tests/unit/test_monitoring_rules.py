@@ -85,6 +85,13 @@ CASES: dict[str, list[tuple[str, list[dict], str, dict | None]]] = {
              "values": "0+6x20"},
             {"series": f'vlfleet_requests_total{{{SVC}, endpoint="/metrics", status="200"}}', "values": "0+5000x20"},
         ], "15m", {"instance": "c1"}),
+        ("10% get 429 for the estimated wait (reason wait)", [
+            {"series": f'vlfleet_rejected_requests_total{{{SVC}, reason="wait"}}', "values": "0+6x20"},
+            {"series": f'vlfleet_requests_total{{{SVC}, endpoint="/v1/chat/completions", status="200"}}',
+             "values": "0+54x20"},
+            {"series": f'vlfleet_requests_total{{{SVC}, endpoint="/v1/chat/completions", status="429"}}',
+             "values": "0+6x20"},
+        ], "15m", {"instance": "c1"}),
         ("1% get 429", [
             {"series": f'vlfleet_rejected_requests_total{{{SVC}, reason="429"}}', "values": "0+1x20"},
             {"series": f'vlfleet_requests_total{{{SVC}, endpoint="/v1/chat/completions", status="200"}}',
