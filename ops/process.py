@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -34,6 +35,15 @@ def terminate(proc: subprocess.Popen | None, grace: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def kill_session(proc: subprocess.Popen | None) -> None:
+    """SIGKILL what is left of the session ``proc`` leads (started with start_new_session=True), once it has ended:
+    a gunicorn worker whose master is gone (seen: one stuck in the interpreter's exit, holding its port)."""
+    if proc is None or proc.poll() is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager

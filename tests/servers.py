@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.process import terminate
+from ops.process import kill_session, terminate
 
 
 def free_port() -> int:
@@ -80,6 +80,7 @@ class Server:
 
     def stop(self) -> None:
         terminate(self.proc, 40)
+        kill_session(self.proc)
 
 
 def start(model: Path, log_dir: Path, wait: bool = True, **env: str) -> Server:
@@ -90,7 +91,7 @@ def start(model: Path, log_dir: Path, wait: bool = True, **env: str) -> Server:
     environ = {**os.environ, **{k: str(v) for k, v in env.items()}}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([str(vlfleet), "serve", "--model", str(model), "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=environ)
+                                stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
     server = Server(proc, port, log_path)
     if wait:
         try:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ops.bench.memory import children, memory_status, peak_rss_bytes, tree_peak_rss_bytes
-from ops.process import die_with_parent, terminate
+from ops.process import die_with_parent, kill_session, terminate
 
 # Benchmarks measure generation: repeated prompts must not be answered from the answer cache.
 BENCH_ENV = {"VLFLEET_MAX_TOKENS": "4096", "VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_QUEUE_SIZE": "32",
@@ -47,7 +47,7 @@ def start_service(model: Path, port: int, log: Path, env: dict[str, str] | None 
         # SIGTERM, not SIGKILL, if the bench dies: gunicorn then stops its worker (which holds the model) too.
         return subprocess.Popen([str(vlfleet), "serve", "--model", str(model), "--port", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=service_env(env),
-                                preexec_fn=die_with_parent(signal.SIGTERM))
+                                preexec_fn=die_with_parent(signal.SIGTERM), start_new_session=True)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900, log: Path | None = None) -> None:
@@ -110,3 +110,4 @@ class Server:
 
     def stop(self) -> None:
         terminate(self.proc, 60)
+        kill_session(self.proc)

@@ -37,7 +37,7 @@ from typing import IO, Any
 from ops.bench import workload
 from ops.bench.server import free_port, service_env, start_service, wait_ready
 from ops.bench.stats import TOLERANCE, compare
-from ops.process import terminate
+from ops.process import kill_session, terminate
 
 METRICS = ("first_token_s", "ms_per_token")
 
@@ -238,6 +238,7 @@ def measure(model: Path, runs: int = 5, tokens: int = 64, port: int | None = Non
     finally:
         side.stop()
         terminate(proc, 60)
+        kill_session(proc)
     from ops.machine import describe
 
     result = {
