@@ -95,11 +95,13 @@ def run_playbook(
     verbosity: int = 0,
     timeout: float = 3600,
     echo: Callable[[str], None] | None = print,
+    env: Mapping[str, str] | None = None,
 ) -> PlaybookRun:
     """Run a playbook (a name under ops/playbooks or a path) and return its per-host outcome.
 
     :param echo: called with every output line as it arrives (None: quiet); the full text is in ``output``.
     :param timeout: seconds before the run is killed (it then returns with returncode -9).
+    :param env: more environment for ansible-playbook, over the project's (e.g. ``{"ANSIBLE_FORKS": "17"}``).
     """
     path = Path(playbook)
     if not path.is_absolute() and not path.exists():
@@ -127,11 +129,10 @@ def run_playbook(
             cmd += ["--tags", ",".join(tags)]
         if verbosity:
             cmd.append("-" + "v" * verbosity)
-        env = ansible_env()
-        env["VLFLEET_PROFILE_JSON"] = str(report_path)
+        run_env = {**ansible_env(), **(env or {}), "VLFLEET_PROFILE_JSON": str(report_path)}
         output: list[str] = []
         deadline = time.monotonic() + timeout
-        proc = subprocess.Popen(cmd, env=env, cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=run_env, cwd=repo_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1)
         try:
             assert proc.stdout is not None

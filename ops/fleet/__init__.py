@@ -8,6 +8,7 @@ restart and status.
   batches       batching and the --max-fail stop of a rolling change, independent of how a host is changed
   rollout       rollout, rollback, rolling restart
   status        `vlfleet status` rows and table (prometheus_text reads the metrics it needs)
+  load          a bounded client loop through the load balancer during a change (rollout e2e, staging.scale)
 """
 
 from ops.fleet.batches import HostResult, Outcome, Report, RolloutError, describe_error, format_table, run_batches

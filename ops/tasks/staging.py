@@ -110,3 +110,23 @@ def ssh(c, host, name="default", command=""):
     argv = ssh_argv(fleet.hosts[host].ip, fleet.key_path)
     sys.stdout.flush()
     os.execvp(argv[0], [*argv, *([command] if command else [])])
+
+
+@task(help={
+    "name": "fleet name (default: scale); reused when it is already up",
+    "hosts": "number of container service hosts c1..cN (default 8; 2-49); the fleet also gets lb1, no VMs",
+    "keep": "leave the fleet up afterwards (default: `staging.down` at the end)",
+    "fresh": "bring a running fleet of that name down first, so every converge starts from bare hosts",
+    "out": "directory for scale-<N>-hosts.json and .md (default: results/scale of this checkout)",
+    "converge_timeout": "seconds each site.yml run may take before it is killed (default 3600)",
+})
+def scale(c, name="scale", hosts=8, keep=False, fresh=False, out="", converge_timeout=3600):
+    """Measure an N-host staging fleet: one host's converge vs all N, and a rollout under client load."""
+    from ops.staging.scale import ScaleError, run
+
+    try:
+        _report, paths = run(name, int(hosts), keep=bool(keep), fresh=bool(fresh), out_dir=out or None,
+                             converge_timeout=float(converge_timeout))
+    except ScaleError as e:
+        raise Exit(f"staging.scale: {e}") from None
+    print(f"staging.scale: results in {paths[0]} and {paths[1]}")
