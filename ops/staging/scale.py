@@ -211,16 +211,6 @@ def write_results(report: dict, out_dir: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
-def site_vars(artifact: Path, python: str, ready_timeout: int = READY_TIMEOUT) -> dict:
-    """site.yml's extra variables, as the e2e converge passes them (tests/e2e/site_vars.py): the artifact, a
-    wheelhouse for the hosts' Python, the service bound to each host's fleet address (the lb is another host)."""
-    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
-
-    return {"vlfleet_artifact_dir": str(artifact),
-            "vlfleet_wheelhouse_dir": str(assemble(Target(python, DEFAULT_PLATFORM), quiet=True)),
-            "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": ready_timeout}
-
-
 def converge_record(run, seconds: float, limit: str | None) -> dict:
     """What one site.yml run did: wall time, ok, the callback's duration, per-host recap, the slowest roles."""
     roles = sorted(run.roles.items(), key=lambda kv: -kv[1])[:6]
@@ -328,6 +318,7 @@ def _measure(r: _Run, name: str, hosts: int, fresh: bool, converge_timeout: floa
     from ops.paths import repo_root
     from ops.playbook import host_python_versions, run_playbook
     from ops.staging import fleet as staging
+    from ops.staging.converge_vars import site_vars
 
     m, echo = r.m, r.echo
     with r.step("fleet_up", f"bringing up staging fleet {name!r}: {hosts} containers, 0 VMs, lb1"):
@@ -346,7 +337,7 @@ def _measure(r: _Run, name: str, hosts: int, fresh: bool, converge_timeout: floa
     with r.step("prepare", "model artifact (tiny, cached), hosts' Python, wheelhouse, which hosts are fresh"):
         artifact = tiny_artifact()
         python = min(host_python_versions(inventory).values())
-        extra = site_vars(artifact, python)
+        extra = site_vars(artifact, python, READY_TIMEOUT)
         m.fleet["converged_before"] = _converged_hosts(inventory)
         m.fleet.update({"artifact": str(artifact), "python": python, "wheelhouse": extra["vlfleet_wheelhouse_dir"]})
         if m.fleet["converged_before"]:

@@ -7,18 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ops.staging.converge_vars import site_vars
+
 CONVERGE_TIMEOUT = 1800  # bounded so a stuck VM cannot eat CI's 90 minutes
 _converges: dict[Path, object] = {}
-
-
-def site_vars(artifact: Path, python: str = "3.11", ready_timeout: int = 900) -> dict:
-    """The artifact, a wheelhouse for the hosts' Python (Debian 12 staging hosts run 3.11), and the service bound
-    to each host's fleet address, because the load balancer is another host."""
-    from ops.wheelhouse import DEFAULT_PLATFORM, Target, assemble
-
-    return {"vlfleet_artifact_dir": str(artifact),
-            "vlfleet_wheelhouse_dir": str(assemble(Target(python, DEFAULT_PLATFORM), quiet=True)),
-            "vlm_service_host": "{{ ansible_host }}", "vlm_service_ready_timeout": ready_timeout}
 
 
 def converge(inventory: Path, artifact: Path, echo=print):
