@@ -50,11 +50,14 @@ def children(pid: int) -> list[int]:
 
 def tree_peak_rss_bytes(pid: int) -> int | None:
     """The sum of VmHWM over ``pid`` and all its descendants: what a host's tune reads over the unit's cgroup, so an
-    engine with a child process (llamacpp's llama-server) is not measured by its worker alone."""
-    peaks, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        peaks.append(peak_rss_bytes(current))
-        todo += children(current)
-    present = [p for p in peaks if p is not None]
+    engine with a child process (llamacpp's llama-server) is not measured by its worker alone. Descendants come from
+    psutil (every process's parent), not /proc/PID/task/PID/children: a child started by another thread (the
+    inference thread starts llama-server) is listed only under that thread's task."""
+    import psutil
+
+    try:
+        pids = [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return None
+    present = [p for p in map(peak_rss_bytes, pids) if p is not None]
     return sum(present) if present else None

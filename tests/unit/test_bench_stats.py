@@ -60,3 +60,33 @@ def test_status_parsing_reads_kib_as_bytes():
     text = "Name:\tpython\nVmPeak:\t  999 kB\nVmHWM:\t 2048 kB\nVmRSS:\t 1024 kB\n"
     assert parse_status_kib(text, "VmHWM") == 2048 * 1024
     assert parse_status_kib(text, "VmSwap") is None
+
+
+def test_tree_peak_counts_a_child_started_by_another_thread():
+    """llamacpp's llama-server is started by the inference thread: it must count in the service's peak."""
+    import subprocess
+    import sys
+    import time
+
+    from ops.bench.memory import peak_rss_bytes, tree_peak_rss_bytes
+
+    code = ("import subprocess, sys, threading, time\n"
+            "child = []\n"
+            "threading.Thread(target=lambda: child.append(subprocess.Popen([sys.executable, '-c', "
+            "'b = bytearray(100 * 2**20); import time; time.sleep(20)']))).start()\n"
+            "time.sleep(20)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        def children_peak() -> int:
+            return tree_peak_rss_bytes(parent.pid) - peak_rss_bytes(parent.pid)
+
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and children_peak() < 100 * 2**20:
+            time.sleep(0.2)
+        assert children_peak() >= 100 * 2**20
+    finally:
+        import os
+        import signal
+
+        os.killpg(parent.pid, signal.SIGKILL)  # the parent and its child: the session we started
+        parent.wait()
