@@ -50,12 +50,18 @@ def targets_table(targets: list[Target]) -> str:
     return table(["target", "measured", "threshold", "result", "note"], rows)
 
 
+def _engine(results: dict, key: str) -> str:
+    """" direct engine, the default" where the run recorded which engine the default-settings server ran."""
+    engine = dig(results, "service", key, "engine")
+    return f" {engine} engine, the default" if engine else ""
+
+
 def runtime_rows(results: dict) -> list[list[str]]:
     fp32 = dig(results, "baselines", "fp32") or {}
     rows = []
     entries = [(f"transformers {k}", dig(results, "baselines", k), None) for k in ("fp32", "bf16")]
-    entries += [(f"service {k} (HTTP+SSE)", dig(results, "service", k, "image_416"), dig(results, "service", k))
-                for k in ("int8", "int4")]
+    entries += [(f"service {k}{_engine(results, k)} (HTTP+SSE)", dig(results, "service", k, "image_416"),
+                 dig(results, "service", k)) for k in ("int8", "int4")]
     entries += [(f"service int4 {v['engine']} engine (HTTP+SSE)", v.get("image_416"), v)
                 for k, v in (results.get("service") or {}).items() if k.startswith("int4_")]
     if dig(results, "peer", "image_416"):
