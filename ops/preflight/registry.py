@@ -54,8 +54,9 @@ CHECKS: tuple[Check, ...] = (
           f"Install a release: `{SITE} --tags python_runtime,vlm_service`. If `current` points to a deleted "
           "release, the same command re-links it."),
     Check("PYTHON-VERSION", ERROR, "runtime", "The service venv's Python runs and is 3.10 or newer.",
-          "Install Python >= 3.10 with venv (Ubuntu 22.04: `sudo apt-get install python3 python3-venv`), rebuild "
-          f"the wheelhouse for it (`vlfleet wheelhouse.build --python X.Y`), then `{SITE} --tags python_runtime`.",
+          f"`{SITE} --tags python_runtime` installs the distribution's venv package first (role os_packages; Ubuntu "
+          "22.04: python3.10-venv; with vlfleet_os_packages_install=false, bake it into the image). For another "
+          "Python >= 3.10, rebuild the wheelhouse for it (`vlfleet wheelhouse.build --python X.Y`) and run the same.",
           depends_on=("RELEASE-LAYOUT",)),
     Check("RUNTIME-VERSIONS", ERROR, "runtime",
           "The service venv has the pinned openvino, openvino-genai and openvino-tokenizers, and they import.",
