@@ -393,7 +393,7 @@ def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_fil
     engine that keeps encoded images (or their KV) would otherwise time its cache, not a typical first question.
     With ``keys_file`` (read as root on the host), the first key goes with each request."""
     key = _first_key(keys_file)
-    return [_latency_run(host, port, _image_url(LATENCY_IMAGE, (40 + 7 * i % 200, 120, 200)), tokens, bound, i, key)
+    return [_latency_run(host, port, _image_url(LATENCY_IMAGE, (40 + (7 * i) % 200, 120, 200)), tokens, bound, i, key)
             for i in range(runs)]
 
 

@@ -9,7 +9,6 @@ VLFLEET_ROLLOUT_INVENTORY=PATH runs these against an already converged fleet ins
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from ops import fleet as ops_fleet
 from ops.fleet import Fleet, Outcome, Release, Timeouts, load_inventory
 from ops.fleet.load import Load
 from tests.e2e.site_vars import converge
+from tests.reports import record
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -52,15 +52,6 @@ def start(inventory) -> dict[str, tuple[str | None, bool]]:
     return _releases(inventory)
 
 
-def _report(name: str, data: dict) -> None:
-    from ops.paths import cache_root
-
-    out = cache_root() / "reports"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
-    print(f"\n[{name}] {json.dumps(data)}")
-
-
 def test_rollout_under_load_reaches_every_host_with_no_failed_request(inventory, start):
     new = f"e2e-{int(time.time())}"
     with _fleet(inventory) as f, Load(_lb_address(inventory)) as load:
@@ -69,7 +60,7 @@ def test_rollout_under_load_reaches_every_host_with_no_failed_request(inventory,
         time.sleep(2)
     print("\n" + report.table())
     summary = load.summary()
-    _report("rollout-e2e", {"release": new, "hosts": len(report.results), "rollout_s": report.seconds, **summary})
+    record("rollout-e2e", {"release": new, "hosts": len(report.results), "rollout_s": report.seconds, **summary})
     assert report.ok, report.summary()
     assert summary["failures"] == 0, summary["failed"]
     assert summary["requests"] >= 10 and summary["streamed"] >= 5
@@ -85,7 +76,7 @@ def test_release_that_cannot_start_is_rolled_back_on_the_canary_only(inventory, 
         time.sleep(2)
     print("\n" + report.table())
     summary = load.summary()
-    _report("rollout-bad-e2e", {"release": bad, "rollout_s": report.seconds, **summary})
+    record("rollout-bad-e2e", {"release": bad, "rollout_s": report.seconds, **summary})
     canary, *rest = report.results
     assert canary.outcome is Outcome.ROLLED_BACK, report.table()
     assert "VLFLEET_QUEUE_SIZE" in canary.message  # the reason reaches the operator
@@ -103,7 +94,7 @@ def test_rollback_to_the_first_release_and_status_shows_the_fleet(inventory, sta
         rows = ops_fleet.status(f)
     summary = load.summary()
     print("\n" + report.table() + "\n" + ops_fleet.status_table(rows))
-    _report("rollback-e2e", {"release": target, "rollback_s": report.seconds, **summary})
+    record("rollback-e2e", {"release": target, "rollback_s": report.seconds, **summary})
     assert report.ok, report.summary()
     assert summary["failures"] == 0, summary["failed"]
     assert {r["host"]: (r["serving"], r["ready"]) for r in rows} == start
