@@ -146,6 +146,36 @@ def _process(pid: int) -> dict[str, str]:
             "pid_status": _lines(f"/proc/{pid}/status", "VmRSS:", "Cpus_allowed_list:")}
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (children of any of its threads: gunicorn forks from its main thread, but
+    the model's helpers may not)."""
+    out, todo = [], [pid]
+    while todo and len(out) < 256:  # bounded: a unit with a fork bomb still gets a snapshot
+        p = todo.pop()
+        out.append(p)
+        for task in glob.glob(f"/proc/{p}/task/*/children"):
+            todo += [int(c) for c in _read(task).split()]
+    return out
+
+
+def _numa(pid: int) -> str:
+    """JSON: the host's NUMA nodes (id -> CPU list) and, per process of the service, the CPU lists its threads may
+    run on and how many of its mappings have each memory policy (/proc/PID/numa_maps: "bind:0", "default", ...)."""
+    nodes = {d.name[4:]: _read(f"{d}/cpulist").strip()
+             for d in sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))}
+    procs: dict[str, Any] = {}
+    for p in _descendants(pid) if pid > 0 else []:
+        cpus = {_first(f, "Cpus_allowed_list:").partition(":")[2].strip()
+                for f in glob.glob(f"/proc/{p}/task/*/status")}
+        policies: dict[str, int] = {}
+        for line in _read(f"/proc/{p}/numa_maps").splitlines():
+            fields = line.split()
+            if len(fields) > 1:
+                policies[fields[1]] = policies.get(fields[1], 0) + 1
+        procs[str(p)] = {"cpus": sorted(cpus - {""}), "policies": policies}
+    return json.dumps({"nodes": nodes, "processes": procs})
+
+
 def _cache_dir(env_text: str) -> str:
     return _env_value(env_text, "VLFLEET_MODEL_CACHE_DIR") or DEFAULT_CACHE
 
@@ -173,12 +203,13 @@ def snapshot(root: str, service: str) -> dict[str, str]:
     over SSH): section name -> text, as the commands named in each reader print it."""
     target, python, env = _release(root)
     model = _env_value(env, "VLFLEET_MODEL_DIR")
+    pid = _main_pid(service)
     plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or DEFAULT_PLAN
     return {**_virt(), "flags": _first("/proc/cpuinfo", "flags"), "governors": _governors(),
             "target": target, "python": python, "env": env,
             "manifest": _read(os.path.join(model, "manifest.json")) if model else "",
             "meminfo": _read("/proc/meminfo"), "swaps": _after_header(_read("/proc/swaps")),
-            **_storage(root, _cache_dir(env)), **_process(_main_pid(service)),
+            **_storage(root, _cache_dir(env)), **_process(pid), "numa": _numa(pid),
             "init_limits": _lines("/proc/1/limits", "Max open files"), "plan": _read(plan),
             "time": _out("timedatectl", "show", "-p", "NTP", "-p", "NTPSynchronized", stderr=True),
             "tuned": _read(TUNED_FILE),

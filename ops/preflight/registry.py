@@ -108,6 +108,14 @@ CHECKS: tuple[Check, ...] = (
           "`sudo systemctl restart vlfleet` (the launcher re-plans and pins); if it differs again, look for "
           "CPUAffinity= drop-ins (`systemctl cat vlfleet`) or a taskset wrapper and remove them.",
           depends_on=("SVC-ACTIVE",)),
+    Check("NUMA-LOCAL", WARNING, "service",
+          "On a host with several NUMA nodes, the service's threads run on one node and its memory is bound to it.",
+          "Install numactl (`" + SITE + " --tags vlm_service` does, role os_packages) and "
+          "`sudo systemctl restart vlfleet`: the launcher pins the threads to one node and binds memory there with "
+          "`numactl --membind` only when numactl is installed. Remove CPUAffinity=/NUMAPolicy= drop-ins "
+          "(`systemctl cat vlfleet`) that undo it.",
+          depends_on=("SVC-ACTIVE",),
+          not_applicable="hosts with one NUMA node (every CPU reads local memory)"),
     Check("PORT-LISTEN", ERROR, "service",
           "The service listens on VLFLEET_HOST:VLFLEET_PORT and on no other address.",
           "Set vlm_service_host / vlm_service_port in the inventory and run `" + SITE + " --tags vlm_service`; "

@@ -399,6 +399,28 @@ def test_cpu_affinity_matches_plan(facts, unit, record_property):
     record_property("found", f"pid {pid} on CPUs {allowed} as planned")
 
 
+@check("NUMA-LOCAL")
+def test_service_stays_on_one_numa_node(facts, record_property):
+    numa = json.loads(facts["numa"] or "{}")
+    nodes = {int(n): _cpus(cpus) for n, cpus in numa.get("nodes", {}).items()}
+    if len(nodes) < 2:
+        not_applicable(f"{len(nodes) or 1} NUMA node: every CPU reads local memory")
+    procs = numa.get("processes") or {}
+    assert procs, "no service process to inspect (see SVC-ACTIVE)"
+    used = set().union(*(_cpus(cpus) for p in procs.values() for cpus in p["cpus"]))
+    home = next((n for n, cpus in sorted(nodes.items()) if cpus and used <= cpus), None)
+    assert home is not None, (f"the service's threads may run on CPUs {sorted(used)}, which span NUMA nodes "
+                              f"{sorted(n for n, cpus in nodes.items() if cpus & used)}: each reads remote memory")
+    want = f"bind:{home}"
+    stray = {pid: {k: v for k, v in p["policies"].items() if k != want} for pid, p in procs.items()}
+    stray = {pid: other for pid, other in stray.items() if other}
+    assert not stray, (f"the threads run on node {home}, but memory is not bound to it ({want}): "
+                       + "; ".join(f"pid {pid}: {other}" for pid, other in sorted(stray.items())))
+    mappings = sum(sum(p["policies"].values()) for p in procs.values())
+    record_property("found", f"node {home} of {len(nodes)} (CPUs {sorted(used)}); {len(procs)} process(es), "
+                             f"memory {want} on all {mappings} mappings")
+
+
 @check("PORT-LISTEN")
 def test_port_listens_on_configured_address_only(facts, release, record_property):
     _, env = need_release(release)

@@ -53,6 +53,7 @@ class VmOptions:
     vcpus: int = 2
     disk_gb: int = 12
     accel: str = "auto"  # auto | kvm | tcg
+    numa_nodes: int = 1
 
 
 def _state_path(name: str) -> Path:
@@ -132,12 +133,15 @@ def _remove_host_resources(store: StateStore, host: str) -> list[str]:
 
 def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True, *, suite: str = "bookworm",
        mirror: str = "", subnet: str | None = None, vm_cpu: str = "max", vm_memory_mb: int = 3072,
-       vm_vcpus: int = 2, vm_disk_gb: int = 12, accel: str = "auto") -> StagingFleet:
+       vm_vcpus: int = 2, vm_disk_gb: int = 12, accel: str = "auto", vm_numa_nodes: int = 1) -> StagingFleet:
     """Bring fleet ``name`` up (or complete it) and return it; its inventory is at ``StagingFleet.inventory_path``."""
     _check_name(name)
     wanted = _desired_hosts(containers, vms, lb)
     if accel not in ("auto", "kvm", "tcg"):
         raise StagingError(f"accel must be auto, kvm or tcg, got {accel!r}")
+    if not 1 <= vm_numa_nodes <= vm_vcpus:
+        raise StagingError(f"vm_numa_nodes must be 1..vm_vcpus ({vm_vcpus}): each node needs a vCPU; "
+                           f"got {vm_numa_nodes}")
     require_root()
     require_tools("ip", "ssh", "ssh-keygen", "mount", "umount", "chroot")
     if containers or lb:
@@ -146,7 +150,7 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
     if vms:
         require_tools(vm_hosts.QEMU, "mkfs.ext4")
         vm_hosts.guest_kernel()
-    vm_opts = VmOptions(vm_cpu, vm_memory_mb, vm_vcpus, vm_disk_gb, accel)
+    vm_opts = VmOptions(vm_cpu, vm_memory_mb, vm_vcpus, vm_disk_gb, accel, vm_numa_nodes)
     t0 = time.monotonic()
     with _fleet_lock(name):
         spec = ImageSpec(suite, mirror).resolved()
@@ -161,7 +165,8 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
             raise StagingError(f"fleet {name!r} also has hosts {', '.join(extra)} that this request does not "
                                f"include; run `vlfleet staging.down --name {name}` first to shrink it")
         store.state.settings = {"suite": spec.suite, "mirror": spec.mirror, "containers": containers, "vms": vms,
-                                "lb": lb, "vm_cpu": vm_cpu, "vm_memory_mb": vm_memory_mb, "vm_vcpus": vm_vcpus}
+                                "lb": lb, "vm_cpu": vm_cpu, "vm_memory_mb": vm_memory_mb, "vm_vcpus": vm_vcpus,
+                                "vm_numa_nodes": vm_numa_nodes}
         store.save()
         if vms:
             _warn_busy(name)
@@ -269,7 +274,7 @@ def _bring_up(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, ke
     else:
         log(f"{rec.name}: building disk and booting VM ({rec.accel}, -cpu {rec.cpu}) at {rec.ip} ...")
         vm_hosts.start(store, rec, base, host_dir, pubkey, memory_mb=opts.memory_mb, vcpus=opts.vcpus,
-                  disk_gb=opts.disk_gb)
+                       disk_gb=opts.disk_gb, numa_nodes=opts.numa_nodes)
         try:
             _await_ssh(store, rec, key, KVM_BOOT_TIMEOUT if rec.accel == "kvm" else VM_BOOT_TIMEOUT, host_dir)
         except StagingError:
@@ -283,7 +288,8 @@ def _bring_up(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, ke
             rec.accel = "tcg"
             store.set_host(rec)
             tap = network.host_link_name(store.state.name, rec.name)
-            vm_hosts.launch(store, rec, host_dir / "disk.img", tap, host_dir, opts.memory_mb, opts.vcpus)
+            vm_hosts.launch(store, rec, host_dir / "disk.img", tap, host_dir, opts.memory_mb, opts.vcpus,
+                            opts.numa_nodes)
             _await_ssh(store, rec, key, VM_BOOT_TIMEOUT, host_dir)
     log(f"{rec.name}: SSH up after {time.monotonic() - t0:.0f} s")
 

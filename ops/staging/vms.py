@@ -109,7 +109,26 @@ def build_disk(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, p
     return disk
 
 
-def qemu_argv(rec: HostRecord, disk: Path, tap: str, console: Path, memory_mb: int, vcpus: int) -> list[str]:
+def numa_argv(memory_mb: int, vcpus: int, nodes: int) -> list[str]:
+    """qemu arguments for ``nodes`` NUMA nodes sharing the VM's vCPUs and memory evenly (the last takes what does
+    not divide): a multi-socket server in miniature, for the launcher's node choice and the checklist's NUMA check."""
+    if nodes <= 1:
+        return []
+    if nodes > vcpus:
+        raise ValueError(f"{nodes} NUMA nodes need at least {nodes} vCPUs, the VM has {vcpus}")
+    argv: list[str] = []
+    cpus, mem = vcpus // nodes, memory_mb // nodes
+    for n in range(nodes):
+        last = n == nodes - 1
+        first_cpu, last_cpu = n * cpus, (vcpus if last else (n + 1) * cpus) - 1
+        size = memory_mb - mem * (nodes - 1) if last else mem
+        argv += ["-object", f"memory-backend-ram,id=mem{n},size={size}M",
+                 "-numa", f"node,nodeid={n},cpus={first_cpu}-{last_cpu},memdev=mem{n}"]
+    return argv
+
+
+def qemu_argv(rec: HostRecord, disk: Path, tap: str, console: Path, memory_mb: int, vcpus: int,
+              numa_nodes: int = 1) -> list[str]:
     vmlinuz, initrd, _ = guest_kernel()
     accel = "kvm" if rec.accel == "kvm" else "tcg,thread=multi"
     return [
@@ -123,12 +142,12 @@ def qemu_argv(rec: HostRecord, disk: Path, tap: str, console: Path, memory_mb: i
         "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
         "-device", f"virtio-net-pci,netdev=n0,mac={rec.mac}",
         "-object", "rng-random,filename=/dev/urandom,id=rng0", "-device", "virtio-rng-pci,rng=rng0",
-        "-serial", f"file:{console}", "-monitor", "none",
+        "-serial", f"file:{console}", "-monitor", "none", *numa_argv(memory_mb, vcpus, numa_nodes),
     ]
 
 
 def start(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, pubkey: str, *,
-          memory_mb: int, vcpus: int, disk_gb: int) -> None:
+          memory_mb: int, vcpus: int, disk_gb: int, numa_nodes: int = 1) -> None:
     """Create VM ``rec``'s disk and tap and start qemu; SSH readiness is awaited by the caller."""
     require_tools(QEMU, "mkfs.ext4")
     host_dir.mkdir(parents=True, exist_ok=True)
@@ -137,13 +156,13 @@ def start(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, pubkey
     if not disk.is_file():
         disk = build_disk(store, rec, base, host_dir, pubkey, disk_gb)
     tap = network.create_tap(store, rec.name)
-    launch(store, rec, disk, tap, host_dir, memory_mb, vcpus)
+    launch(store, rec, disk, tap, host_dir, memory_mb, vcpus, numa_nodes)
 
 
 def launch(store: StateStore, rec: HostRecord, disk: Path, tap: str, host_dir: Path, memory_mb: int,
-           vcpus: int) -> None:
+           vcpus: int, numa_nodes: int = 1) -> None:
     console = host_dir / "console.log"
-    argv = qemu_argv(rec, disk, tap, console, memory_mb, vcpus)
+    argv = qemu_argv(rec, disk, tap, console, memory_mb, vcpus, numa_nodes)
     errlog = host_dir / "qemu.log"
     proc, start_time = spawn(argv, errlog)
     if not start_time:

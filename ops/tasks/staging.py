@@ -20,10 +20,11 @@ from invoke import Exit, task
     "vm_memory": "RAM per VM in MiB (default 3072)",
     "vm_vcpus": "vCPUs per VM (default 2)",
     "vm_disk": "disk size per VM in GiB (default 12, sparse)",
+    "vm_numa_nodes": "NUMA nodes per VM, sharing its vCPUs and RAM evenly (default 1; 2 models a two-socket server)",
     "accel": "auto (KVM if a quick probe boots a kernel with it, else TCG), kvm or tcg",
 })
 def up(c, name="default", containers=2, vms=1, lb=True, suite="bookworm", mirror="", subnet="", vm_cpu="max",
-       vm_memory=3072, vm_vcpus=2, vm_disk=12, accel="auto"):
+       vm_memory=3072, vm_vcpus=2, vm_disk=12, accel="auto", vm_numa_nodes=1):
     """Bring a staging fleet up (idempotent: running hosts are kept) and write its Ansible inventory."""
     from ops.staging.fleet import up as fleet_up
     from ops.staging.system import StagingError
@@ -31,7 +32,8 @@ def up(c, name="default", containers=2, vms=1, lb=True, suite="bookworm", mirror
     try:
         fleet = fleet_up(name, int(containers), int(vms), bool(lb), suite=suite, mirror=mirror,
                          subnet=subnet or None, vm_cpu=vm_cpu, vm_memory_mb=int(vm_memory),
-                         vm_vcpus=int(vm_vcpus), vm_disk_gb=int(vm_disk), accel=accel)
+                         vm_vcpus=int(vm_vcpus), vm_disk_gb=int(vm_disk), accel=accel,
+                         vm_numa_nodes=int(vm_numa_nodes))
     except StagingError as e:
         raise Exit(f"staging.up: {e}") from e
     for host in fleet.hosts.values():

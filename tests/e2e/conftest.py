@@ -1,6 +1,7 @@
 """Staging fleets shared by every e2e test: brought up once per session, torn down at its end.
 
-`staging_fleet`: 2 nspawn containers (c1, c2) + 1 qemu VM (vm1) in group `vlm`, container lb1 in group `lb`.
+`staging_fleet`: 2 nspawn containers (c1, c2) + 1 qemu VM (vm1, two NUMA nodes) in group `vlm`, container lb1 in
+group `lb`.
 `converged_inventory`: the standard fleet after the session's one site.yml converge, which every module needing a
 serving fleet shares (each puts back what it breaks).
 `noavx2_fleet`: one VM (vm1) whose CPU lacks AVX2, for the cpu_check role; started only if a test asks for it.
@@ -19,6 +20,9 @@ import pytest
 from tests.prereq import require, require_tools
 
 E2E_FLEET = os.environ.get("VLFLEET_E2E_FLEET", "e2e")
+# The standard fleet's shape. vm1 has two NUMA nodes (a vCPU and half its RAM each), like a two-socket server:
+# the launcher's node choice and the checklist's NUMA-LOCAL check meet a real multi-node kernel (test_numa.py).
+STANDARD = {"containers": 2, "vms": 1, "lb": True, "vm_numa_nodes": 2}
 KEEP = os.environ.get("VLFLEET_KEEP_FLEET") == "1"
 STAGING_TOOLS = ("debootstrap", "systemd-nspawn", "qemu-system-x86_64", "mkfs.ext4", "ip", "ssh", "ssh-keygen")
 
@@ -49,7 +53,7 @@ def _fleet(name: str, **kwargs) -> Iterator:
 @pytest.fixture(scope="session")
 def staging_fleet():
     """The standard e2e fleet (`ops.staging.fleet.StagingFleet`): c1, c2, vm1 in `vlm`, lb1 in `lb`."""
-    yield from _fleet(E2E_FLEET, containers=2, vms=1, lb=True)
+    yield from _fleet(E2E_FLEET, **STANDARD)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import pytest
 from ops.staging import fleet, network
 from ops.staging.sshkeys import ssh_argv, ssh_run
 from ops.staging.state import fleet_dir
-from tests.e2e.conftest import E2E_FLEET, require_staging
+from tests.e2e.conftest import E2E_FLEET, STANDARD, require_staging
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 HOSTS = ["c1", "c2", "vm1", "lb1"]
@@ -120,7 +120,7 @@ def test_inventory_works_for_ansible(staging_fleet):
 
 def test_up_again_keeps_running_hosts(staging_fleet):
     before = fleet.status(E2E_FLEET)
-    again = fleet.up(E2E_FLEET, containers=2, vms=1, lb=True)
+    again = fleet.up(E2E_FLEET, **STANDARD)
     after = fleet.status(E2E_FLEET)
     assert {h: s["pid"] for h, s in before["hosts"].items()} == {h: s["pid"] for h, s in after["hosts"].items()}
     assert again.inventory_path == staging_fleet.inventory_path
