@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import re
 import shutil
 import threading
@@ -133,8 +134,12 @@ def _remove_host_resources(store: StateStore, host: str) -> list[str]:
 
 def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True, *, suite: str = "bookworm",
        mirror: str = "", subnet: str | None = None, vm_cpu: str = "max", vm_memory_mb: int = 3072,
-       vm_vcpus: int = 2, vm_disk_gb: int = 12, accel: str = "auto", vm_numa_nodes: int = 1) -> StagingFleet:
-    """Bring fleet ``name`` up (or complete it) and return it; its inventory is at ``StagingFleet.inventory_path``."""
+       vm_vcpus: int = 2, vm_disk_gb: int = 12, accel: str = "auto", vm_numa_nodes: int = 1,
+       packages: tuple[str, ...] | None = None) -> StagingFleet:
+    """Bring fleet ``name`` up (or complete it) and return it; its inventory is at ``StagingFleet.inventory_path``.
+
+    ``packages``: the base image's package list instead of ``image.PACKAGES`` (e.g. hosts that lack what the roles
+    install, for os_packages' install mode)."""
     _check_name(name)
     wanted = _desired_hosts(containers, vms, lb)
     if accel not in ("auto", "kvm", "tcg"):
@@ -153,7 +158,7 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
     vm_opts = VmOptions(vm_cpu, vm_memory_mb, vm_vcpus, vm_disk_gb, accel, vm_numa_nodes)
     t0 = time.monotonic()
     with _fleet_lock(name):
-        spec = ImageSpec(suite, mirror).resolved()
+        spec = (ImageSpec(suite, mirror) if packages is None else ImageSpec(suite, mirror, tuple(packages))).resolved()
         store = StateStore.load(_state_path(name))
         if store is None:
             chosen = network.choose_subnet(name, subnet, _other_fleets(name))
@@ -164,7 +169,8 @@ def up(name: str = "default", containers: int = 2, vms: int = 1, lb: bool = True
         if extra:
             raise StagingError(f"fleet {name!r} also has hosts {', '.join(extra)} that this request does not "
                                f"include; run `vlfleet staging.down --name {name}` first to shrink it")
-        store.state.settings = {"suite": spec.suite, "mirror": spec.mirror, "containers": containers, "vms": vms,
+        store.state.settings = {"suite": spec.suite, "mirror": spec.mirror, "packages": _packages_key(spec),
+                                "containers": containers, "vms": vms,
                                 "lb": lb, "vm_cpu": vm_cpu, "vm_memory_mb": vm_memory_mb, "vm_vcpus": vm_vcpus,
                                 "vm_numa_nodes": vm_numa_nodes}
         store.save()
@@ -242,10 +248,18 @@ def _warn_busy(name: str) -> None:
             f"boots slow down with every one (`vlfleet staging.down --name NAME` frees them)")
 
 
+def _packages_key(spec: ImageSpec) -> str:
+    # The package set alone: a change to the image-building code rebuilds images, but keeps running hosts.
+    return hashlib.sha256(" ".join(sorted(set(spec.packages) | set(spec.extra_packages))).encode()).hexdigest()[:12]
+
+
 def _check_compatible(state: FleetState, spec: ImageSpec, subnet: str | None) -> None:
     old = state.settings
     if state.hosts and (old.get("suite"), old.get("mirror")) != (spec.suite, spec.mirror):
         raise StagingError(f"fleet {state.name!r} runs {old.get('suite')} from {old.get('mirror')}; "
+                           f"`vlfleet staging.down --name {state.name}` before switching the image")
+    if state.hosts and old.get("packages", _packages_key(spec)) != _packages_key(spec):
+        raise StagingError(f"fleet {state.name!r} runs an image with another package set; "
                            f"`vlfleet staging.down --name {state.name}` before switching the image")
     if subnet and network.choose_subnet(state.name, subnet, []) != state.subnet:
         raise StagingError(f"fleet {state.name!r} uses subnet {state.subnet}; down it before changing --subnet")
