@@ -3,7 +3,7 @@
 CI has 90 minutes in all. A run that would overrun fails early with a message that says where the time went,
 rather than being killed without one; a test that did not run is never reported as passed, skipped or xfailed.
 Also writes the times of the run, per test, per module and in all (`test-times.json` under the cache's reports/;
-results/ci-timing.json is a copy of one CI-like run, rendered into results/ci-timing.md by `python -m ops.docs_gen`).
+results/ci-timing.json is a copy of one CI-like run, rendered into results/ci-timing.md by `python -m ops.docs`).
 
 Used as hooks by tests/conftest.py (imported there); ``VLFLEET_E2E_BUDGET_S`` sets the budget.
 """

@@ -1,7 +1,7 @@
 """Measurements the tests keep: one small JSON file each under the cache's reports/ (`$VLFLEET_CACHE/reports/`).
 
-`python -m ops.docs_gen --collect REPORTS_DIR` copies them into results/e2e/, from which the figures of
-docs/reliability.md are generated (ops/results_e2e.py lists which test writes which file).
+`python -m ops.docs --collect REPORTS_DIR` copies them into results/e2e/, from which the figures of
+docs/reliability.md are generated (ops/docs/e2e_reports.py lists which test writes which file).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """results/README.md's table of bench runs, generated from each run's bench.json (what ran, where, under which load).
 
-Only the table between the markers is rewritten by `python -m ops.docs_gen`; the prose around it (what changed
+Only the table between the markers is rewritten by `python -m ops.docs`; the prose around it (what changed
 before each run, how to read them) stays hand-written and carries no figures.
 """
 

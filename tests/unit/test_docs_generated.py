@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ops import docs_gen
+from ops.docs import generate
 from ops.paths import repo_root
 
 
@@ -15,9 +15,9 @@ from ops.paths import repo_root
                                   "docs/reliability.md", "docs/tuning.md", "results/README.md"])
 def test_generated_reference_matches_its_source(name):
     path = repo_root() / name
-    render = docs_gen.targets()[path]
-    assert path.is_file(), f"{path} missing: run `python -m ops.docs_gen`"
-    assert path.read_text() == render(), f"{path} drifted from its source: run `python -m ops.docs_gen` and commit"
+    render = generate.targets()[path]
+    assert path.is_file(), f"{path} missing: run `python -m ops.docs`"
+    assert path.read_text() == render(), f"{path} drifted from its source: run `python -m ops.docs` and commit"
 
 
 def test_check_mode_reports_drift(tmp_path):
@@ -25,13 +25,13 @@ def test_check_mode_reports_drift(tmp_path):
     root = repo_root()
     (tmp_path / "docs").mkdir()
     (tmp_path / "roles").symlink_to(root / "roles")
-    targets = docs_gen.targets(tmp_path)
+    targets = generate.targets(tmp_path)
     for path, render in targets.items():
         path.write_text(render())
-    assert docs_gen.stale(tmp_path) == []
+    assert generate.stale(tmp_path) == []
     api = tmp_path / "docs" / "api.md"
     api.write_text(api.read_text().replace("Liveness", "Liveliness"))
-    assert docs_gen.stale(tmp_path) == [api]
+    assert generate.stale(tmp_path) == [api]
 
 
 def test_every_setting_and_role_option_is_documented():

@@ -1,9 +1,9 @@
 """The reliability reports kept in the repository: results/e2e/<name>.json, copies of the JSON files the tests
 write into `$VLFLEET_CACHE/reports/` (tests/reports.py). docs/reliability.md's figures are generated from them
-(ops/reliability_doc.py), so a figure in the doc is always one a test measured, and which run measured it is
+(ops/docs/reliability.py), so a figure in the doc is always one a test measured, and which run measured it is
 recorded: the cache is outside git and overwritten by every run, the copies are committed.
 
-`python -m ops.docs_gen --collect [REPORTS_DIR]` copies them (default: the cache's reports/) and regenerates the docs.
+`python -m ops.docs --collect [REPORTS_DIR]` copies them (default: the cache's reports/) and regenerates the docs.
 """
 
 from __future__ import annotations

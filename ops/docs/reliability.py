@@ -1,7 +1,7 @@
-"""docs/reliability.md's figures, generated from results/e2e/*.json (ops/results_e2e.py).
+"""docs/reliability.md's figures, generated from results/e2e/*.json (ops/e2e_reports.py).
 
 The prose stays hand-written; every measured figure sits in a span `<!-- gen:NAME -->...<!-- /gen -->` that
-`python -m ops.docs_gen` rewrites from the report NAME (before a colon) names. A span whose report was never
+`python -m ops.docs` rewrites from the report NAME (before a colon) names. A span whose report was never
 collected says so instead of showing a figure. Spans are inline, inside table rows, so rows without figures can be
 added by hand without touching this module.
 """
@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from ops import results_e2e
+from ops.docs import e2e_reports
 from ops.paths import repo_root
 
 DOC = Path("docs") / "reliability.md"
@@ -109,7 +109,7 @@ SPANS: dict[str, Callable[[dict], str]] = {
 def _sources(reports: dict[str, dict], written: dict[str, str]) -> str:
     """The table of reports: which test writes each, and when the collected copy was written."""
     rows = ["| report | written by | written |", "|---|---|---|"]
-    for name, test in results_e2e.REPORTS.items():
+    for name, test in e2e_reports.REPORTS.items():
         when = written.get(name, "unknown") if name in reports else "not collected yet"
         link = f"[{name}.json](../results/e2e/{name}.json)" if name in reports else f"{name}.json"
         rows.append(f"| {link} | `{test}` | {when} |")
@@ -128,7 +128,7 @@ def render(root: Path | None = None) -> str:
     figure cannot silently stop being generated."""
     root = root or repo_root()
     path = root / DOC
-    reports, written = results_e2e.load(root), results_e2e.written(root)
+    reports, written = e2e_reports.load(root), e2e_reports.written(root)
     seen: list[str] = []
 
     def fill(m: re.Match) -> str:

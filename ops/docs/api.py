@@ -1,0 +1,133 @@
+"""docs/api.md: the HTTP API, from service/openapi.py document() (generated from the pydantic models), and the
+request limits from service/settings.py."""
+
+from __future__ import annotations
+
+import json
+
+from ops.docs.markdown import HEADER, cell, default
+
+
+def _name(ref: str) -> str:
+    return ref.rsplit("/", 1)[1]
+
+
+def _kind(prop: dict) -> str:
+    """A JSON Schema type in a few words; references link to their schema below."""
+    if "$ref" in prop:
+        return f"[{_name(prop['$ref'])}](#{_name(prop['$ref']).lower()})"
+    if "const" in prop:
+        return "const " + json.dumps(prop["const"])
+    if "enum" in prop:
+        return prop.get("type", "enum")
+    for key in ("anyOf", "oneOf"):
+        if key in prop:
+            return " or ".join(_kind(p) for p in prop[key])
+    if prop.get("type") == "array":
+        items = (prop.get("prefixItems") or [prop.get("items", {})])[0]
+        return f"list of {_kind(items)}"
+    kind = prop.get("type", "any")
+    return " or ".join(kind) if isinstance(kind, list) else kind
+
+
+def _notes(prop: dict) -> list[str]:
+    notes = []
+    for branch in [prop, *prop.get("anyOf", []), *prop.get("oneOf", [])]:
+        for key in ("format", "minimum", "maximum", "exclusiveMinimum", "minItems", "maxItems", "minLength",
+                    "pattern"):
+            if key in branch:
+                notes.append(f"{key} {branch[key]}")
+        if "enum" in branch:
+            notes.append("one of " + ", ".join(f"`{v}`" for v in branch["enum"]))
+    if "description" in prop:
+        notes.append(prop["description"])
+    return notes
+
+
+def _schema_fields(schema: dict) -> list[str]:
+    rows = ["| Field | Type | Required | Notes |", "|---|---|---|---|"]
+    required = set(schema.get("required", []))
+    for name, prop in schema.get("properties", {}).items():
+        rows.append(f"| `{name}` | {cell(_kind(prop))} | {'yes' if name in required else ''} | "
+                    f"{cell('; '.join(_notes(prop)))} |")
+    return rows
+
+
+def _body(body: dict, schemas: dict) -> list[str]:
+    lines = []
+    for mime, media in body["content"].items():
+        schema = media["schema"]
+        named = f" [{_name(schema['$ref'])}](#{_name(schema['$ref']).lower()})" if "$ref" in schema else ""
+        lines += [f"Request body (`{mime}`{', required' if body.get('required') else ''}):{named}", ""]
+        lines += [*_schema_fields(schemas[_name(schema["$ref"])] if named else schema), ""]
+    return lines
+
+
+def _schema_section(name: str, schema: dict) -> list[str]:
+    lines = [f"### {name}", ""]
+    if "description" in schema:
+        lines += [cell(schema["description"]), ""]
+    if "properties" in schema:
+        lines += [*_schema_fields(schema), ""]
+    return [*lines, "<details><summary>JSON Schema</summary>", "", "```json", json.dumps(schema, indent=2), "```", "",
+            "</details>", ""]
+
+
+def render(version: str | None = None) -> str:
+    from service import __version__
+    from service.openapi import document
+
+    doc = document(version or __version__)
+    schemas = doc["components"]["schemas"]
+    lines = [HEADER.format(source="service/openapi.py (document(); served live at GET /openapi.json) from the "
+                                  "pydantic models in service/api_models.py and service/api_responses.py"),
+             f"# HTTP API reference ({doc['info']['title']} {doc['info']['version']})", "",
+             cell(doc["info"]["description"]), "",
+             "The same document is served by every host at `GET /openapi.json` (OpenAPI "
+             f"{doc['openapi']}); requests are validated by the models it is generated from. Errors share one JSON "
+             "shape: `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}` (schema `Error` below); `param` "
+             "is the field at fault as a path such as `messages[0].content`. When `VLFLEET_API_KEYS_FILE` is set, "
+             "every endpoint but `/healthz` and `/readyz` needs `Authorization: Bearer KEY` (401 when it is missing "
+             "or wrong).", "",
+             "| Method | Path | Summary |", "|---|---|---|"]
+    ops = [(path, method, op) for path, item in doc["paths"].items() for method, op in item.items()]
+    for path, method, op in ops:
+        lines.append(f"| {method.upper()} | [`{path}`](#{op['operationId'].lower()}) | {cell(op['summary'])} |")
+    lines.append("")
+    lines += limits()
+    for path, method, op in ops:
+        lines += [f"## {op['operationId']}", "", f"`{method.upper()} {path}`: {cell(op['summary'])}", ""]
+        if op.get("requestBody"):
+            lines += _body(op["requestBody"], schemas)
+        lines += ["Responses:", ""]
+        for code, resp in op["responses"].items():
+            content = resp.get("content", {})
+            mimes = ", ".join(f"`{m}`" + (f" {_kind(c['schema'])}" if "$ref" in c["schema"] else "")
+                              for m, c in content.items())
+            lines.append(f"- **{code}** {cell(resp['description'])}" + (f" ({mimes})" if mimes else ""))
+        lines.append("")
+    lines += ["## Schemas", ""]
+    for name, schema in schemas.items():
+        lines += _schema_section(name, schema)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+LIMITS = ("max_input_tokens", "max_turns", "max_conversation_images", "max_images", "max_tokens", "image_max_side",
+          "image_max_side_low", "image_max_side_high", "max_image_bytes", "max_image_pixels", "max_body_bytes",
+          "queue_size", "queue_timeout")
+
+
+def limits() -> list[str]:
+    """What one request may ask, and why: the settings that bound it, with their defaults (from service/settings.py)."""
+    from service.settings import FIELDS
+
+    fields = {f.name: f for f in FIELDS}
+    lines = ["## Limits", "",
+             "One inference thread serves every client, so what a single request may ask is bounded: a prompt "
+             "over a limit is refused at the door with a 400 (413 for bodies and images; 429 when the queue is full "
+             "or its work would outlast the queue timeout, 503 when a wait outlasts it anyway) whose message names "
+             "the limit, the setting and the count, before it takes a queue slot. Each is a `VLFLEET_*` setting "
+             "([configuration.md](configuration.md)).", "",
+             "| Setting | Default | Why |", "|---|---|---|"]
+    lines += [f"| `{fields[n].env}` | {default(fields[n].default)} | {cell(fields[n].help)} |" for n in LIMITS]
+    return [*lines, ""]
