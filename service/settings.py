@@ -124,6 +124,10 @@ FIELDS: tuple[Field, ...] = (
           "VNNI when VLFLEET_PRECISION is auto (measured: results/run5-avx512-levers/bench.md), else as "
           "VLFLEET_PRECISION.",
           "auto, bf16 or f32"),
+    Field("kv_precision", _choice("auto", "u8", "f16", "bf16", "f32"), "auto",
+          "Precision of the language model's KV cache (KV_CACHE_PRECISION). auto = the CPU plugin's default (u8 on "
+          "x86: a quarter of f32's memory and bandwidth per cached token); the bench's levers table measures the "
+          "others on its CPU.", "auto, u8, f16, bf16 or f32"),
     Field("http_threads", _int_range(2, 256), 16,
           "gunicorn threads in the one worker process (each open SSE stream holds one).", "an integer 2-256"),
     Field("queue_size", _int_range(1, 1024), 8,

@@ -420,29 +420,38 @@ def _compile_cache() -> str:
     return str(path)
 
 
-LEVERS: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("baseline", "service defaults", {}),
-    ("compile cache", "VLFLEET_MODEL_CACHE_DIR, first start (fills it)", {"VLFLEET_MODEL_CACHE_DIR": "{cache}"}),
-    ("compile cache", "VLFLEET_MODEL_CACHE_DIR, second start", {"VLFLEET_MODEL_CACHE_DIR": "{cache}"}),
-    ("threads", "VLFLEET_THREADS=1", {"VLFLEET_THREADS": "1"}),
-    ("precision", "VLFLEET_PRECISION=f32", {"VLFLEET_PRECISION": "f32"}),
+LEVERS: tuple[tuple[str, str, dict[str, str], str], ...] = (
+    # (lever, setting, service env, artifact): the artifact names one of the bench's conversions (ops/tasks/bench.py).
+    ("baseline", "service defaults", {}, "int4"),
+    ("compile cache", "VLFLEET_MODEL_CACHE_DIR, first start (fills it)", {"VLFLEET_MODEL_CACHE_DIR": "{cache}"},
+     "int4"),
+    ("compile cache", "VLFLEET_MODEL_CACHE_DIR, second start", {"VLFLEET_MODEL_CACHE_DIR": "{cache}"}, "int4"),
+    ("threads", "VLFLEET_THREADS=1", {"VLFLEET_THREADS": "1"}, "int4"),
+    ("precision", "VLFLEET_PRECISION=f32", {"VLFLEET_PRECISION": "f32"}, "int4"),
     # The language model's own precision: auto is f32 on bf16+VNNI CPUs, so bf16 here is the A/B against it.
-    ("precision", "VLFLEET_LM_PRECISION=bf16 (vision encoder on auto)", {"VLFLEET_LM_PRECISION": "bf16"}),
-    ("image budget", "VLFLEET_IMAGE_MAX_SIDE=320 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "320"}),
-    ("image budget", "VLFLEET_IMAGE_MAX_SIDE=448 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "448"}),
+    ("precision", "VLFLEET_LM_PRECISION=bf16 (vision encoder on auto)", {"VLFLEET_LM_PRECISION": "bf16"}, "int4"),
+    # The plugin's default KV cache is u8; wider caches cost bandwidth per decoded token but skip its quantisation.
+    ("KV cache", "VLFLEET_KV_PRECISION=f16", {"VLFLEET_KV_PRECISION": "f16"}, "int4"),
+    ("KV cache", "VLFLEET_KV_PRECISION=f32", {"VLFLEET_KV_PRECISION": "f32"}, "int4"),
+    # The int4 conversion's own knobs: one scale per output channel instead of per 128 weights (fewer scales to
+    # apply per decoded token), and symmetric groups (no zero points).
+    ("weight format", "int4 per channel (--group-size -1)", {}, "int4-channel"),
+    ("weight format", "int4 symmetric (--sym, group size 128)", {}, "int4-sym"),
+    ("image budget", "VLFLEET_IMAGE_MAX_SIDE=320 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "320"}, "int4"),
+    ("image budget", "VLFLEET_IMAGE_MAX_SIDE=448 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "448"}, "int4"),
 )
 
 
 def lever_ab(plan: Plan, artifact: Callable[[str], Path], say: Callable[[str], None]) -> list[dict]:
-    """Quick A/B of service settings on the int4 artifact: one server per setting, same workload."""
+    """Quick A/B of service settings and int4 conversions: one server per setting, same workload."""
     rows = []
     cache = _compile_cache()
-    for name, setting, template in LEVERS:
+    for name, setting, template, kind in LEVERS:
         env = {k: v.format(cache=cache) for k, v in template.items()}
         size = FULL_SIDE if "1200x800" in setting else (416, 277)
-        with Server(artifact("int4"), plan.log_dir / f"lever-{len(rows)}.log", env) as s:
+        with Server(artifact(kind), plan.log_dir / f"lever-{len(rows)}.log", env) as s:
             r = _answers(s.url, plan, *size, 700, say, f"lever {setting}")
-            rows.append({"name": name, "setting": setting, "cold_start_s": s.cold_start_s,
+            rows.append({"name": name, "setting": setting, "artifact": kind, "cold_start_s": s.cold_start_s,
                          "model_size": seen_size(s, *size),
                          "first_token_s": r["first_token_s"], "ms_per_token": r["ms_per_token"],
                          "peak_rss_bytes": s.peak_rss()["worker"], "runs": r["runs"]})

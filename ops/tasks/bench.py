@@ -6,12 +6,17 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+# The bench's 2b-shape conversions by name: the service's two formats and the int4 variants its levers compare.
+ARTIFACTS = {"int4": {}, "int8": {"weight_format": "int8"}, "int4-channel": {"group_size": -1},
+             "int4-sym": {"sym": True}}
 
-def _artifact(weight_format: str) -> Path:
+
+def _artifact(name: str) -> Path:
     from ops.model.cache import artifact
     from ops.model.convert import ConvertParams
 
-    return artifact("2b", ConvertParams(weight_format), quiet=False)  # minutes on first use: show progress
+    params = ConvertParams(**{"weight_format": "int4", **ARTIFACTS[name]})
+    return artifact("2b", params, quiet=False)  # minutes on first use: show progress
 
 
 def _checkpoint() -> Path:

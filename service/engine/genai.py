@@ -52,16 +52,20 @@ def generation_config(sampling: Sampling):
 
 
 def pipeline_properties(settings) -> dict[str, Any]:
-    """OpenVINO properties from the settings: threads, precision (global, and the language model's own) and the
-    compiled-model cache."""
+    """OpenVINO properties from the settings: threads, precision (global, and the language model's own), the
+    language model's KV-cache precision and the compiled-model cache."""
     properties: dict[str, Any] = {}
     if settings.threads:
         properties["INFERENCE_NUM_THREADS"] = settings.threads
     if settings.precision != "auto":
         properties["INFERENCE_PRECISION_HINT"] = settings.precision
-    lm = lm_precision(settings.lm_precision, settings.precision, cpu_flags())
+    lm: dict[str, Any] = {}
+    if precision := lm_precision(settings.lm_precision, settings.precision, cpu_flags()):
+        lm["INFERENCE_PRECISION_HINT"] = precision
+    if settings.kv_precision != "auto":
+        lm["KV_CACHE_PRECISION"] = settings.kv_precision
     if lm:
-        properties["MODEL_PROPERTIES"] = {"language_model": {"INFERENCE_PRECISION_HINT": lm}}
+        properties["MODEL_PROPERTIES"] = {"language_model": lm}
     if settings.model_cache_dir:
         Path(settings.model_cache_dir).mkdir(parents=True, exist_ok=True)
         properties["CACHE_DIR"] = str(settings.model_cache_dir)

@@ -77,6 +77,28 @@ def test_language_model_precision_follows_the_cpu(setting, precision, flags, exp
     assert lm_precision(setting, precision, flags) == expected
 
 
+@pytest.mark.parametrize(("env", "language_model"), [
+    ({}, None),  # AVX2 only: nothing of the language model's own
+    ({"VLFLEET_KV_PRECISION": "f16"}, {"KV_CACHE_PRECISION": "f16"}),
+    ({"VLFLEET_KV_PRECISION": "u8", "VLFLEET_LM_PRECISION": "f32"},
+     {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"}),
+])
+def test_language_model_properties(env, language_model, monkeypatch):
+    from service.engine import genai
+    from service.settings import load
+
+    monkeypatch.setattr(genai, "cpu_flags", lambda: AVX2)
+    props = genai.pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", **env}))
+    assert props.get("MODEL_PROPERTIES", {}).get("language_model") == language_model
+
+
+def test_kv_precision_refuses_what_the_plugin_does_not_take():
+    from service.settings import SettingsError, load
+
+    with pytest.raises(SettingsError, match="VLFLEET_KV_PRECISION"):
+        load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_KV_PRECISION": "int4"})
+
+
 def test_cpu_flags_read_from_cpuinfo(tmp_path):
     from service.engine.genai import cpu_flags
 
