@@ -14,6 +14,7 @@ def namespace() -> Collection:
         llamacpp,
         model,
         monitoring,
+        os_mirror,
         preflight,
         report,
         serve,
@@ -29,6 +30,7 @@ def namespace() -> Collection:
     ns.add_task(serve.serve)
     ns.add_collection(Collection.from_module(bench), name="bench")
     ns.add_collection(Collection.from_module(staging), name="staging")
+    ns.add_collection(Collection.from_module(os_mirror), name="os-mirror")
     ns.add_task(site.site)
     for t in (fleet.rollout, fleet.rollback, fleet.restart, fleet.status_, fleet.logs, fleet.tune):
         ns.add_task(t)
