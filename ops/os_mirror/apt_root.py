@@ -27,10 +27,11 @@ class Source:
     suites: tuple[str, ...]
     components: tuple[str, ...]
     keyring: str
+    trusted: bool = False  # an unsigned local repository (tests); upstream suites are always verified
 
     def lines(self) -> str:
-        return "".join(f"deb [signed-by={self.keyring}] {self.mirror} {s} {' '.join(self.components)}\n"
-                       for s in self.suites)
+        option = "trusted=yes" if self.trusted else f"signed-by={self.keyring}"
+        return "".join(f"deb [{option}] {self.mirror} {' '.join((s, *self.components))}\n" for s in self.suites)
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ class AptRoot:
         lines += [f"#clear {hook};" for hook in _HOOKS]
         return "\n".join(lines) + "\n"
 
-    def apt_get(self, *args: str, echo: Callable[[str], None] | None = None) -> str:
-        cmd = ["apt-get", "-c", str(self.config), "-q", "-y", *args]
+    def apt_get(self, *args: str, echo: Callable[[str], None] | None = None, options: tuple[str, ...] = ()) -> str:
+        cmd = ["apt-get", "-c", str(self.config), *(f"-o{o}" for o in options), "-q", "-y", *args]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=APT_TIMEOUT,
                                   stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
@@ -100,7 +101,10 @@ class AptRoot:
 
     def resolve(self, packages: list[str]) -> list[Download]:
         """The .debs apt would install for ``packages`` on a system with the prepared status."""
-        out = self.apt_get("install", "--print-uris", *packages)
+        # --print-uris leaves out what the archives directory already holds: resolve against an empty one.
+        empty = self.root / "resolve-archives"
+        (empty / "partial").mkdir(parents=True, exist_ok=True)
+        out = self.apt_get("install", "--print-uris", *packages, options=(f"Dir::Cache::archives={empty}",))
         return parse_print_uris(out)
 
     def download(self, packages: list[str], echo: Callable[[str], None] | None = None) -> None:

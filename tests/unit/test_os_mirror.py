@@ -242,6 +242,26 @@ def test_real_apt_installs_from_the_served_repository(repo, tmp_path):
         urllib.request.urlopen(served.url + "Release", timeout=5)
 
 
+def test_closure_from_real_apt_in_a_private_root(repo, tmp_path):
+    with running(repo, "127.0.0.1") as served:
+        apt = AptRoot(tmp_path / "apt", Source(served.url, ("./",), (), "", trusted=True))
+        apt.prepare(None)
+        apt.update()
+
+        def closure() -> list[str]:
+            return sorted(pool_name(d) for d in apt.resolve(["vlf-tool"]))
+
+        assert closure() == ["vlf-lib_2.0-1_all.deb", "vlf-tool_1.0-1_all.deb"]
+        apt.download(["vlf-tool"])
+        assert sorted(p.name for p in apt.archives.glob("*.deb")) == ["vlf-lib_1%3a2.0-1_all.deb",
+                                                                      "vlf-tool_1.0-1_all.deb"]
+        assert closure() == ["vlf-lib_2.0-1_all.deb", "vlf-tool_1.0-1_all.deb"]  # still all, though cached now
+        status = tmp_path / "status"
+        status.write_text("Package: vlf-lib\nStatus: install ok installed\nArchitecture: all\nVersion: 1:2.0-1\n")
+        apt.prepare(status)
+        assert closure() == ["vlf-tool_1.0-1_all.deb"]  # what the status has is not fetched again
+
+
 def test_server_lists_nothing_and_needs_a_built_mirror(repo, tmp_path):
     with running(repo, "127.0.0.1") as served:
         assert urllib.request.urlopen(served.url + "Release", timeout=5).status == 200
