@@ -285,3 +285,43 @@ def test_collect_fails_when_apt_left_no_file(tmp_path):
     assert (tmp_path / "work/a_1_all.deb").is_file()
     with pytest.raises(MirrorError, match="--refresh"):
         _collect(tmp_path / "archives", [Download("http://m/pool/b_1_all.deb", "b_1_all.deb", 5)], tmp_path / "work")
+
+
+# --- the role's side ------------------------------------------------------------------------------------------
+def _role_apt_files(conf: Path, lists: Path, url: str) -> None:
+    """Render roles/os_packages/tasks/mirror.yml's two files as the role would, with the paths moved under tmp."""
+    import re
+
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters.update(dirname=os.path.dirname, regex_replace=lambda s, p, r: re.sub(p, r, s))
+    tasks = yaml.safe_load((ROLE / "tasks" / "mirror.yml").read_text())
+    write = next(t for t in tasks if "ansible.builtin.copy" in t)
+    values = {"_os_packages_mirror_conf": str(conf), "_os_packages_mirror_lists": str(lists),
+              "os_packages_mirror": url}
+    for item in write["loop"]:
+        Path(env.from_string(item["dest"]).render(values)).write_text(env.from_string(item["content"]).render(values))
+
+
+def test_role_config_confines_apt_to_the_mirror(repo, tmp_path):
+    conf, lists = tmp_path / "etc/apt.conf", tmp_path / "lists"
+    conf.parent.mkdir()
+    (lists / "partial").mkdir(parents=True)
+    with running(repo, "127.0.0.1") as served:
+        _role_apt_files(conf, lists, served.url + "//")
+        assert (tmp_path / "etc/sources.list").read_text() == f"deb [trusted=yes] {served.url} ./\n"
+        # The controller's own hooks and apt sandbox are not the role's business: cleared for this test only.
+        test_conf = tmp_path / "test.conf"
+        test_conf.write_text(conf.read_text() + 'APT::Sandbox::User "root";\n#clear APT::Update::Post-Invoke;\n'
+                             "#clear APT::Update::Post-Invoke-Success;\n")
+        env = {**os.environ, "APT_CONFIG": str(test_conf), "LC_ALL": "C"}
+        update = subprocess.run(["apt-get", "update"], env=env, capture_output=True, text=True, timeout=60)
+        assert update.returncode == 0, update.stderr
+        fetched_from = {line.split()[1] for line in update.stdout.splitlines() if line.startswith(("Get:", "Hit:"))}
+        assert fetched_from == {served.url.rstrip("/")}, update.stdout  # the mirror alone, not the host's sources
+        assert any("_Packages" in p.name for p in lists.iterdir())  # lists of its own
+        uris = subprocess.run(["apt-get", "install", "--print-uris", "-y", "-q", "vlf-tool"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert uris.returncode == 0, uris.stderr
+        assert served.url + "./vlf-tool_1.0-1_all.deb" in uris.stdout
