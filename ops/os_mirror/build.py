@@ -40,7 +40,7 @@ class MirrorSpec:
             raise MirrorError(str(e)) from e
         keyring = self.keyring or d.keyring
         if not Path(keyring).is_file():
-            fix = f"`apt-get install {d.keyring_package}`" if not self.keyring else "pass an existing --keyring"
+            fix = d.keyring_fix if not self.keyring else "pass an existing --keyring"
             raise MirrorError(f"keyring {keyring} is missing, so {self.suite}'s signatures cannot be verified: {fix}")
         suites = self.suites or (self.suite, *(self.suite + p for p in d.pockets))
         return Source(mirror, tuple(suites), d.components, keyring)

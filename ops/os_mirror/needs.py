@@ -20,12 +20,15 @@ class Distro:
     vars_name: str  # roles/os_packages/vars/<vars_name>.yml
     components: tuple[str, ...]
     keyring: str
-    keyring_package: str
+    keyring_fix: str  # how to get the keyring onto the controller
     pockets: tuple[str, ...] = ()  # suffixes of the suites served beside the release itself (-updates, ...)
 
 
-_DEBIAN_KEYRING = ("/usr/share/keyrings/debian-archive-keyring.gpg", "debian-archive-keyring")
-_UBUNTU_KEYRING = ("/usr/share/keyrings/ubuntu-archive-keyring.gpg", "ubuntu-keyring")
+_DEBIAN_KEYRING = ("/usr/share/keyrings/debian-archive-keyring.gpg", "`apt-get install debian-archive-keyring`")
+# Debian 12 has no ubuntu-keyring; Debian 13's (signed by Debian) installs on it as is.
+_UBUNTU_KEYRING = ("/usr/share/keyrings/ubuntu-archive-keyring.gpg",
+                   "`apt-get install ubuntu-keyring` (Ubuntu, Debian 13 and later; on Debian 12 install Debian 13's "
+                   "ubuntu-keyring .deb, or pass --keyring FILE)")
 # Debian's security pocket lives on another host, so a Debian mirror is the release suite alone (as debootstrap
 # builds staging images); stock Ubuntu servers run -updates/-security versions, and archive.ubuntu.com has both.
 # nginx and numactl are in universe on Ubuntu.
