@@ -96,18 +96,19 @@ def _build(spec: MirrorSpec, source: Source, packages: list[str], out: Path, ech
     # One apt root per upstream source: its lists and downloaded .debs serve later builds too.
     apt_key = hashlib.sha256(source.lines().encode()).hexdigest()[:12]
     apt = AptRoot(mirrors_dir() / "apt" / f"{spec.suite}-{apt_key}", source)
-    apt.prepare(spec.status)
-    echo(f"os-mirror: {', '.join(source.suites)} from {source.mirror} (signatures: {source.keyring})")
-    apt.update(echo=echo)
-    downloads = apt.resolve(packages) if packages else []
-    what = f"{len(downloads)} .debs, {sum(d.size for d in downloads) / 1e6:.1f} MB"
-    echo(f"os-mirror: {', '.join(packages) or 'nothing'} missing" + (f" -> {what}" if packages else ""))
-    if downloads:
-        apt.download(packages, echo=echo)
     work = out.with_name(out.name + ".partial")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    _collect(apt.archives, downloads, work)
+    with locked(apt.root):  # builds for other statuses share this root (its config names the status)
+        apt.prepare(spec.status)
+        echo(f"os-mirror: {', '.join(source.suites)} from {source.mirror} (signatures: {source.keyring})")
+        apt.update(echo=echo)
+        downloads = apt.resolve(packages) if packages else []
+        what = f"{len(downloads)} .debs, {sum(d.size for d in downloads) / 1e6:.1f} MB"
+        echo(f"os-mirror: {', '.join(packages) or 'nothing'} missing" + (f" -> {what}" if packages else ""))
+        if downloads:
+            apt.download(packages, echo=echo)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        _collect(apt.archives, downloads, work)
     index.write(work, f"vlfleet os-mirror {spec.suite}", time.time())
     meta = {"suite": spec.suite, "mirror": source.mirror, "suites": list(source.suites),
             "keyring": source.keyring, "packages": packages, "debs": sorted(pool_name(d) for d in downloads),
