@@ -3,8 +3,9 @@ restart and status.
 
   inventory     hosts, groups and variables as Ansible reads them
   transport     Fabric connections, the host agent's command line and answer, the steps that change one host
-  host_agent    the host side, run as root with the distribution's python3 (its source travels with each call)
-  release       a release to roll out, its env file, staging it on a host
+  host_agent    the host side, run as root with the distribution's python3 (its source travels with each call;
+                the roles run the same file): the one owner of the release steps on a host
+  release       a release to roll out, what it changes in the env file, staging it on a host
   batches       batching and the --max-fail stop of a rolling change, independent of how a host is changed
   rollout       rollout, rollback, rolling restart
   status        `vlfleet status` rows and table (prometheus_text reads the metrics it needs)
@@ -13,14 +14,14 @@ restart and status.
 
 from ops.fleet.batches import HostResult, Outcome, Report, RolloutError, describe_error, format_table, run_batches
 from ops.fleet.inventory import FleetError, Host, Inventory, load_inventory, parse_inventory_json
-from ops.fleet.release import Release, parse_env, release_env, render_env, stage_release
+from ops.fleet.release import Release, env_changes, parse_env, stage_release
 from ops.fleet.rollout import restart, rollback, rollout
 from ops.fleet.status import status, status_table
 from ops.fleet.transport import Fleet, StepError, Timeouts, agent_args, agent_command_name, parse_agent_output
 
 __all__ = [
     "Fleet", "FleetError", "Host", "HostResult", "Inventory", "Outcome", "Release", "Report", "RolloutError",
-    "StepError", "Timeouts", "agent_args", "agent_command_name", "describe_error", "format_table", "load_inventory",
-    "parse_agent_output", "parse_env", "parse_inventory_json", "release_env", "render_env", "restart", "rollback",
+    "StepError", "Timeouts", "agent_args", "agent_command_name", "describe_error", "env_changes", "format_table",
+    "load_inventory", "parse_agent_output", "parse_env", "parse_inventory_json", "restart", "rollback",
     "rollout", "run_batches", "stage_release", "status", "status_table",
 ]

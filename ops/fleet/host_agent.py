@@ -1,12 +1,21 @@
-"""What Fabric runs on a host, as root: one subcommand per step, JSON in (one argument), JSON out (last line).
+"""The host side of vlfleet, as root: one subcommand per step, JSON in (one argument), JSON out (last line).
 
-The controller ships this file's source with each call (`python3 -c <source> CMD ARGS`), so hosts need nothing
-installed beyond the distribution's python3, and the host side of a rollout stays one piece of code that the unit
-tests run against temporary directories. Standard library only; Python 3.10.
+The one owner of the release steps on a host: the layout (`<root>/releases/<id>/{venv,vlfleet.env}`, `current`,
+`previous`, the markers of a finished venv), the venv build from a wheelhouse, the env file (its only writer), the
+switch, pruning, the start gate and its smoke answer. Two callers run this same file with the distribution's
+python3, so hosts need nothing installed for it:
+- Fabric (ops/fleet/transport.py) ships its source with each call (`python3 -c <source> CMD ARGS`);
+- the roles (python_runtime, model_artifact, vlm_service) and ops/playbooks/rollout.yml run it with
+  `ansible.builtin.script` and read `changed` from its answer; with `"check": true` a step that would change
+  something says so and changes nothing (Ansible's check mode).
+The unit tests run it against temporary directories. Standard library only; Python 3.10.
 
-Subcommands (see `COMMANDS`): describe, stage, place, activate, quiesce, probe, prune and, for `vlfleet tune`,
-tune_info, set_engine, peak, write_record (service hosts); lb (the nginx host: mark upstream servers drained or back
-in rotation).
+ARGS is the JSON object, base64-encoded (what Fabric sends) or as is (a string starting with "{").
+
+Subcommands (see `COMMANDS`): release steps venv, env, switch, gate, prune, and the composites Fabric uses (stage =
+venv + env, activate = switch + restart + gate); describe, place, quiesce, probe; for `vlfleet tune`, tune_info,
+set_engine, peak, write_record (service hosts); lb (the nginx host: mark upstream servers drained or back in
+rotation).
 """
 
 from __future__ import annotations
@@ -104,13 +113,16 @@ def describe(args: dict) -> dict:
     }
 
 
-def _write_atomic(path: Path, data: bytes, mode: int, gid: int = 0) -> bool:
-    """Write ``path`` through a temporary file and rename; return whether the content changed."""
+def _write_atomic(path: Path, data: bytes, mode: int, gid: int = 0, check: bool = False) -> bool:
+    """Write ``path`` (root:``gid``, ``mode``) through a temporary file and rename; return whether the content, mode
+    or owner changed. With ``check``, only say whether it would."""
     try:
-        if path.read_bytes() == data:
-            return False
+        st = path.stat()
+        same = path.read_bytes() == data and (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (mode, 0, gid)
     except OSError:
-        pass
+        same = False
+    if same or check:
+        return not same
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.chown(tmp, 0, gid)
@@ -128,52 +140,155 @@ def _group_id(name: str) -> int:
         raise AgentError(f"group {name!r} does not exist: converge the host with site.yml first") from None
 
 
-def stage(args: dict) -> dict:
-    """Prepare a release next to the running one without touching it: venv (hard-linked copy of an identical one,
-    or built offline from an uploaded wheelhouse) and env file."""
+def flag(args: dict, name: str) -> bool:
+    """A boolean argument; "false"/"no"/"0" (as a template may pass them) are false."""
+    value = args.get(name)
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "false", "no", "0", "none")
+    return bool(value)
+
+
+def _release_dir(args: dict) -> tuple[Path, str, Path]:
     root = Path(args["root"])
     release = check_id(args["release"])
-    rel = root / "releases" / release
-    venv = rel / "venv"
+    return root, release, root / "releases" / release
+
+
+# -- the venv: built once per release from a wheelhouse (or hard-linked from an identical one), then never changed
+
+
+def venv(args: dict) -> dict:
+    """Make `releases/<id>/venv` unless it is complete: hard-linked from release ``venv_from``, or built offline with
+    hash checking from a wheelhouse (a directory, ``wheelhouse``, or a tar of one, ``wheelhouse_tar``, which is
+    removed afterwards). Marked complete only at the end: a half-built venv is built again by the next call.
+    With ``prepare`` and no source, only make the release directory and say whether the venv is complete."""
+    root, release, rel = _release_dir(args)
+    env_dir = rel / "venv"
+    if (env_dir / COMPLETE).is_file():
+        return {"changed": False, "complete": True, "release": release, "venv": "kept"}
+    source = args.get("venv_from")
+    build = bool(source or args.get("wheelhouse") or args.get("wheelhouse_tar"))
+    if flag(args, "check"):
+        return {"changed": True, "complete": False, "release": release, "venv": "to be made"}
     started = time.monotonic()
-    how = "kept"
-    if not (venv / COMPLETE).is_file():
-        rel.mkdir(parents=True, exist_ok=True)
-        os.chmod(rel, 0o755)
-        shutil.rmtree(venv, ignore_errors=True)  # a half-made venv from an interrupted attempt
-        source = args.get("venv_from")
-        if source:
-            src = root / "releases" / check_id(source) / "venv"
-            if not (src / COMPLETE).is_file():
-                raise AgentError(f"release {source} has no complete venv to copy")
-            # Finished venvs never change, so hard links are safe and cost no disk; `python -m` does not care
-            # about the venv's path (only console-script shebangs name the source venv, and none are used).
-            _run(["cp", "-al", str(src), str(venv)])
-            sha = wheelhouse_sha(root, source)
-            how = f"copied from {source}"
-        elif args.get("wheelhouse"):
-            wh = Path(args["wheelhouse"])
-            req = wh / "requirements.txt"
-            if not req.is_file():
-                raise AgentError(f"no wheelhouse at {wh} (requirements.txt missing)")
-            python = args.get("python") or "/usr/bin/python3"
-            _run([python, "-m", "venv", str(venv)])
-            _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--no-cache-dir",
-                  "--disable-pip-version-check", "--find-links", str(wh), "--require-hashes", "-r", str(req)],
-                 timeout=1800)
-            sha = _sha256_file(req)
-            how = "built from the wheelhouse"
-        else:
-            raise AgentError(f"release {release} has no venv yet: pass a wheelhouse or a release to copy it from")
-        (venv / WHEELHOUSE_MARK).write_text((sha or "") + "\n")
-        (venv / COMPLETE).touch()
-    env_text = args.get("env_text")
-    env_changed = False
-    if env_text is not None:
-        gid = _group_id(args.get("group", "vlfleet"))
-        env_changed = _write_atomic(rel / "vlfleet.env", env_text.encode(), 0o640, gid)
-    return {"release": release, "venv": how, "env_changed": env_changed,
+    created = not rel.is_dir()
+    rel.mkdir(parents=True, exist_ok=True)
+    os.chmod(rel, 0o755)
+    if not build and flag(args, "prepare"):  # the roles: the directory the wheelhouse archive is sent to
+        return {"changed": created, "complete": False, "release": release, "venv": "to be built"}
+    shutil.rmtree(env_dir, ignore_errors=True)  # a half-made venv from an interrupted attempt
+    if source:
+        src = root / "releases" / check_id(source) / "venv"
+        if not (src / COMPLETE).is_file():
+            raise AgentError(f"release {source} has no complete venv to copy")
+        # Finished venvs never change, so hard links are safe and cost no disk; `python -m` does not care about the
+        # venv's path (only console-script shebangs name the source venv, and none are used).
+        _run(["cp", "-al", str(src), str(env_dir)])
+        sha = wheelhouse_sha(root, source)
+        how = f"copied from {source}"
+    elif args.get("wheelhouse") or args.get("wheelhouse_tar"):
+        sha = _build_venv(rel, args)
+        how = "built from the wheelhouse"
+    else:
+        raise AgentError(f"release {release} has no venv yet: pass a wheelhouse or a release to copy it from")
+    (env_dir / WHEELHOUSE_MARK).write_text((sha or "") + "\n")
+    (env_dir / COMPLETE).touch()
+    return {"changed": True, "complete": True, "release": release, "venv": how,
             "seconds": round(time.monotonic() - started, 1)}
+
+
+def _build_venv(rel: Path, args: dict) -> str | None:
+    """`python -m venv` + `pip install --no-index --require-hashes` from the wheelhouse; its requirements' sha256."""
+    tar = Path(args["wheelhouse_tar"]) if args.get("wheelhouse_tar") else None
+    wh = rel / "wheelhouse" if tar else Path(args["wheelhouse"])
+    if tar:
+        if not tar.is_file():
+            raise AgentError(f"no wheelhouse archive at {tar}")
+        shutil.rmtree(wh, ignore_errors=True)
+        wh.mkdir()
+        _run(["tar", "-xf", str(tar), "-C", str(wh)], timeout=600)
+    req = wh / "requirements.txt"
+    if not req.is_file():
+        raise AgentError(f"no wheelhouse at {wh} (requirements.txt missing)")
+    python = args.get("python") or "/usr/bin/python3"
+    env_dir = rel / "venv"
+    _run([python, "-m", "venv", str(env_dir)])
+    _run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--no-cache-dir",
+          "--disable-pip-version-check", "--find-links", str(wh), "--require-hashes", "-r", str(req)], timeout=1800)
+    sha = _sha256_file(req)
+    if tar:
+        shutil.rmtree(wh, ignore_errors=True)
+        tar.unlink(missing_ok=True)
+    return sha
+
+
+# -- the env file: `releases/<id>/vlfleet.env`, root:<group> 0640; this is its only writer
+
+ENV_HEADER = ("# Managed by vlfleet (the env step of ops/fleet/host_agent.py, which the vlm_service role and\n"
+              "# `vlfleet rollout` run); local changes are overwritten.\n"
+              "# Service settings (service/settings.py documents every VLFLEET_* variable). Read by systemd "
+              "(EnvironmentFile=).\n")
+_ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def env_text(settings: dict) -> str:
+    """The env file's text: the header, then NAME=value, sorted by name."""
+    lines = []
+    for name, value in sorted(settings.items()):
+        text = str(value)
+        if not _ENV_NAME_RE.match(name) or "\n" in text:
+            raise AgentError(f"env file: {name}={text!r} is not a NAME=value line (capitals, digits, '_'; one line)")
+        lines.append(f"{name}={text}\n")
+    return ENV_HEADER + "".join(lines)
+
+
+def merged_env(base: dict[str, str], changes: dict) -> dict[str, str]:
+    """``base`` with ``changes`` applied: a value replaces, an empty one (or null) removes the setting."""
+    merged = dict(base)
+    for name, value in changes.items():
+        if value is None or value == "":
+            merged.pop(name, None)
+        else:
+            merged[name] = str(value)
+    return merged
+
+
+def write_env(args: dict) -> dict:
+    """Write the release's env file: every setting (``settings``, the vlm_service role's), or ``changes`` on top of
+    the env file of release ``env_from`` (default: the one `current` points at; what `vlfleet rollout` sends, so
+    host-specific settings survive a rollout)."""
+    root, release, rel = _release_dir(args)
+    if args.get("settings") is not None:
+        settings = {k: str(v) for k, v in args["settings"].items()}
+    else:
+        base = args.get("env_from") or link_target(root / "current")
+        settings = merged_env(read_env(root / "releases" / check_id(base) / "vlfleet.env") if base else {},
+                              args.get("changes") or {})
+    data = env_text(settings).encode()
+    check = flag(args, "check")
+    try:
+        gid = _group_id(args.get("group", "vlfleet"))
+    except AgentError:
+        if check:  # the group comes with the converge this check previews
+            return {"changed": True, "release": release}
+        raise
+    if not rel.is_dir():
+        if check:
+            return {"changed": True, "release": release}
+        raise AgentError(f"release {release} is not on this host: make its venv first")
+    return {"changed": _write_atomic(rel / "vlfleet.env", data, 0o640, gid, check), "release": release}
+
+
+def stage(args: dict) -> dict:
+    """Prepare a release next to the running one without touching it: venv, then env file (with ``changes`` or
+    ``settings``, as `env`). What `vlfleet rollout` does first on a host."""
+    started = time.monotonic()
+    made = venv(args)
+    env_changed = False
+    if args.get("changes") is not None or args.get("settings") is not None:
+        env_changed = write_env(args)["changed"]
+    return {"release": made["release"], "venv": made["venv"], "env_changed": env_changed,
+            "changed": made["changed"] or env_changed, "seconds": round(time.monotonic() - started, 1)}
 
 
 def place(args: dict) -> dict:
@@ -201,6 +316,9 @@ def place(args: dict) -> dict:
     return {"placed": True, "dest": str(dest)}
 
 
+# -- current and previous
+
+
 def switch(root: Path, release: str) -> str | None:
     """Point `current` at ``release`` (atomic rename of a new symlink); `previous` keeps the old target."""
     rel = root / "releases" / check_id(release)
@@ -215,6 +333,16 @@ def switch(root: Path, release: str) -> str | None:
     return old
 
 
+def switch_step(args: dict) -> dict:
+    """`switch` as a step: {"changed", "from", "current", "previous"}; with ``check``, what it would do."""
+    root, release, _rel = _release_dir(args)
+    old = link_target(root / "current")
+    if old != release and not flag(args, "check"):
+        switch(root, release)
+    return {"changed": old != release, "from": old, "current": release,
+            "previous": old if old and old != release else link_target(root / "previous")}
+
+
 def _symlink_atomic(target: Path, link: Path) -> None:
     tmp = link.with_name(f".{link.name}.tmp")
     if tmp.is_symlink() or tmp.exists():
@@ -223,22 +351,35 @@ def _symlink_atomic(target: Path, link: Path) -> None:
     os.replace(tmp, link)
 
 
+# -- pruning
+
+
 def prune(args: dict) -> dict:
-    """Keep the newest ``keep`` releases (by mtime) plus current and previous; remove the rest and their wheelhouses."""
+    """Keep the newest ``keep`` directories (by mtime) of `releases/` (``kind`` "releases", the default; a removed
+    release's uploaded wheelhouse goes too) or `models/` ("models"), never one named in ``protect``, nor what
+    `current` and `previous` use (their releases, and the models their env files name). ``check``: only say."""
     root = Path(args["root"])
-    keep = max(int(args.get("keep", 3)), 2)
-    protected = {link_target(root / "current"), link_target(root / "previous")}
-    rel_dir = root / "releases"
-    dirs = sorted((d for d in rel_dir.iterdir() if d.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True) \
-        if rel_dir.is_dir() else []
-    removed = []
-    for d in dirs[keep:]:
-        if d.name in protected:
-            continue
-        shutil.rmtree(d)
-        shutil.rmtree(root / "wheelhouses" / d.name, ignore_errors=True)
-        removed.append(d.name)
-    return {"removed": removed, "kept": [d.name for d in dirs if d.name not in removed]}
+    kind = args.get("kind", "releases")
+    if kind not in ("releases", "models"):
+        raise AgentError(f"prune: kind {kind!r}: use releases or models")
+    keep = max(int(args.get("keep", 3)), 1)
+    in_use = [r for r in (link_target(root / "current"), link_target(root / "previous")) if r]
+    protected = set(args.get("protect") or [])
+    if kind == "releases":
+        protected.update(in_use)
+    else:
+        protected.update(Path(read_env(root / "releases" / r / "vlfleet.env").get("VLFLEET_MODEL_DIR", "")).name
+                         for r in in_use)
+    base = root / kind
+    dirs = sorted((d for d in base.iterdir() if d.is_dir() and not d.is_symlink()), key=lambda p: p.stat().st_mtime,
+                  reverse=True) if base.is_dir() else []
+    removed = [d.name for d in dirs[keep:] if d.name not in protected]
+    if not flag(args, "check"):
+        for name in removed:
+            shutil.rmtree(base / name)
+            if kind == "releases":
+                shutil.rmtree(root / "wheelhouses" / name, ignore_errors=True)
+    return {"changed": bool(removed), "removed": removed, "kept": [d.name for d in dirs if d.name not in removed]}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -334,7 +475,7 @@ def smoke(addr: tuple[str, int], timeout: float, key: str | None = None) -> dict
     return {"ok": True, "tokens": tokens, "seconds": seconds}
 
 
-def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: float, restarts: int,
+def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: float | None, restarts: int,
                poll: float = 1.0) -> dict:
     """Wait (bounded) for /readyz 200 with a body ``accept`` takes; fail fast when the unit crashes meanwhile.
     {"ok": True, "ready_s", "readyz"} or {"ok": False, "reason", "journal"}."""
@@ -355,15 +496,15 @@ def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: 
         time.sleep(poll)
 
 
-def gate(root: Path, unit: str, release: str | None, timeout: float, since: float, restarts: int,
-         poll: float = 1.0) -> dict:
+def gate(root: Path, unit: str, release: str | None, timeout: float, since: float | None, restarts: int,
+         poll: float = 1.0, smoke_answer: bool = True) -> dict:
     """Wait (bounded) for /readyz 200 naming ``release``, then a smoke answer; fail fast when the unit crashes."""
     env = read_env(root / "current" / "vlfleet.env")
     addr = service_address(env)
     deadline = time.monotonic() + timeout
     ready = wait_ready(addr, unit, lambda body: release is None or body.get("release_id") == release, timeout, since,
                        restarts, poll)
-    if not ready["ok"]:
+    if not ready["ok"] or not smoke_answer:
         return ready
     result = smoke(addr, timeout=max(30.0, deadline - time.monotonic()), key=api_key(env))
     if not result["ok"]:
@@ -392,6 +533,26 @@ def activate(args: dict) -> dict:
                   restarts)
     result.update({"release": link_target(root / "current"), "from": old})
     return result
+
+
+def gate_step(args: dict) -> dict:
+    """The start gate after the roles' restart (or none): /readyz 200 naming ``release`` within ``timeout``, then a
+    smoke answer; an error with the reason and the unit's last journal lines otherwise. With ``check`` (the switch
+    was only previewed): readiness of whatever runs, no smoke request."""
+    root = Path(args["root"])
+    unit = args.get("unit", "vlfleet")
+    check = flag(args, "check")
+    release = None if check else args.get("release")
+    timeout = float(args.get("timeout", 600))
+    restarts = int(unit_state(unit).get("NRestarts") or 0)
+    result = gate(root, unit, release, timeout, None, restarts, smoke_answer=not check)
+    if not result["ok"]:
+        journal = "\n".join(result.get("journal") or journal_tail(unit, lines=40))
+        raise AgentError(f"{unit} did not pass its start gate within {timeout:.0f} s: {result['reason']}\n"
+                         f"Last journal lines (journalctl -u {unit}):\n{journal}")
+    smoke_result = result.get("smoke") or {}
+    return {"changed": False, "release": link_target(root / "current"), "ready_s": result["ready_s"],
+            "smoke_tokens": smoke_result.get("tokens"), "smoke_s": smoke_result.get("seconds")}
 
 
 def established_clients(port: int, proc: Path = Path("/proc/net")) -> int:
@@ -645,17 +806,22 @@ def lb(args: dict) -> dict:
     return {"changed": True, "drained": drained}
 
 
-COMMANDS = {"describe": describe, "stage": stage, "place": place, "activate": activate, "quiesce": quiesce,
-            "probe": probe, "prune": prune, "lb": lb, "tune_info": tune_info, "set_engine": set_engine, "peak": peak,
-            "write_record": write_record}
+COMMANDS = {
+    # the release steps (the roles call these one by one; Fabric, the composites stage and activate)
+    "venv": venv, "env": write_env, "switch": switch_step, "gate": gate_step, "prune": prune,
+    "stage": stage, "activate": activate,
+    # fleet operations
+    "describe": describe, "place": place, "quiesce": quiesce, "probe": probe, "lb": lb,
+    "tune_info": tune_info, "set_engine": set_engine, "peak": peak, "write_record": write_record,
+}
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in COMMANDS:
-        print(json.dumps({"error": f"usage: host_agent {{{','.join(COMMANDS)}}} BASE64-JSON"}))
+        print(json.dumps({"error": f"usage: host_agent {{{','.join(COMMANDS)}}} BASE64-JSON|JSON"}))
         return 2
     try:
-        args = json.loads(base64.b64decode(argv[1]))
+        args = json.loads(argv[1] if argv[1].lstrip().startswith("{") else base64.b64decode(argv[1]))
         result = COMMANDS[argv[0]](args)
     except AgentError as e:
         print(json.dumps({"error": str(e)}))

@@ -1,5 +1,6 @@
-"""A release to roll out (id, wheelhouse, artifact, env changes), its env file as the vlm_service role renders it,
-and staging it on a host beside the running one."""
+"""A release to roll out (id, wheelhouse, artifact, env changes), and staging it on a host beside the running one
+(the host agent's stage step: the venv, and the env file, which the agent writes: the release's changes on top of
+the env file of the release the host runs)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from typing import Any
 import ops.fleet.host_agent as host_agent
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet
-from ops.paths import repo_root
 
 
 @dataclass
@@ -65,26 +65,13 @@ def parse_env(pairs: str | None) -> dict[str, str]:
     return env
 
 
-def render_env(environment: Mapping[str, str]) -> str:
-    """The release's env file, from the same template the vlm_service role renders."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(repo_root() / "templates"), trim_blocks=True,
-                             keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
-    return env.get_template("vlfleet.env.j2").render(vlm_service_environment=dict(environment))
-
-
-def release_env(current: Mapping[str, str], release: Release, root: str) -> dict[str, str]:
-    env = dict(current)
-    env["VLFLEET_RELEASE_ID"] = release.id
+def env_changes(release: Release, root: str) -> dict[str, str]:
+    """What the release changes in the env file of the release a host runs (an empty value removes a setting)."""
+    changes = {"VLFLEET_RELEASE_ID": release.id}
     if release.artifact_id:
-        env["VLFLEET_MODEL_DIR"] = f"{root}/models/{release.artifact_id}"
-    for key, value in release.env.items():
-        if value == "":
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+        changes["VLFLEET_MODEL_DIR"] = f"{root}/models/{release.artifact_id}"
+    changes.update(release.env)
+    return changes
 
 
 def _upload_dir(conn, local: Path, remote: str) -> None:
@@ -104,8 +91,8 @@ def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, 
     h = fleet.host(name)
     conn = fleet.conns[name]
     args: dict[str, Any] = {"root": h.root, "release": release.id, "python": h.python,
-                            "group": h.var("vlm_service_group", "vlfleet"),
-                            "env_text": render_env(release_env(info["env"], release, h.root))}
+                            "group": h.var("vlm_service_group", "vlfleet"), "env_from": info["current"],
+                            "changes": env_changes(release, h.root)}
     sha = release.wheelhouse_sha
     if sha is None:
         args["venv_from"] = info["current"]

@@ -1,4 +1,5 @@
-"""The host side of fleet operations (ops/fleet/host_agent.py) on local directories, and how Fabric ships it."""
+"""The host side of fleet operations (ops/fleet/host_agent.py, the one owner of the release steps) on local
+directories, how Fabric ships it, and how the roles call it."""
 
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ from ops.fleet import (
     StepError,
     agent_args,
     agent_command_name,
+    env_changes,
     host_agent,
     parse_agent_output,
     parse_inventory_json,
-    release_env,
-    render_env,
 )
 from ops.fleet.host_agent import AgentError, established_clients, set_drained
 from ops.fleet.transport import _agent_command
@@ -87,22 +87,70 @@ def test_switch_keeps_previous_and_is_a_symlink_swap(tmp_path):
 def test_stage_copies_the_current_venv_and_writes_the_env(tmp_path):
     _release(tmp_path, "r1")
     host_agent.switch(tmp_path, "r1")
-    out = host_agent.stage({"root": str(tmp_path), "release": "r2", "venv_from": "r1", "group": "root",
-                            "env_text": "VLFLEET_RELEASE_ID=r2\n"})
-    assert out["venv"] == "copied from r1" and out["env_changed"] is True
+    args = {"root": str(tmp_path), "release": "r2", "venv_from": "r1", "group": "root",
+            "changes": {"VLFLEET_RELEASE_ID": "r2"}}
+    out = host_agent.stage(args)
+    assert out["venv"] == "copied from r1" and out["env_changed"] is True and out["changed"] is True
     new = tmp_path / "releases" / "r2"
     assert (new / "venv" / host_agent.COMPLETE).is_file()
     # hard links: same inode, no second copy on disk
     assert (new / "venv" / "lib" / "marker.py").stat().st_ino == \
         (tmp_path / "releases" / "r1" / "venv" / "lib" / "marker.py").stat().st_ino
-    assert (new / "vlfleet.env").read_text() == "VLFLEET_RELEASE_ID=r2\n"
+    # the changes on top of the running release's env file
+    assert (new / "vlfleet.env").read_text() == host_agent.ENV_HEADER + "VLFLEET_PORT=8000\nVLFLEET_RELEASE_ID=r2\n"
     assert oct((new / "vlfleet.env").stat().st_mode & 0o777) == "0o640"
-    again = host_agent.stage({"root": str(tmp_path), "release": "r2", "venv_from": "r1", "group": "root",
-                              "env_text": "VLFLEET_RELEASE_ID=r2\n"})
-    assert again["venv"] == "kept" and not again["env_changed"]
+    again = host_agent.stage(args)
+    assert again["venv"] == "kept" and not again["env_changed"] and not again["changed"]
     described = host_agent.describe({"root": str(tmp_path)})
     assert described["current"] == "r1" and described["env"] == {"VLFLEET_PORT": "8000"}
     assert [r["id"] for r in described["releases"] if r["complete"]] == ["r1", "r2"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the env step chowns the env file to root")
+def test_env_step_writes_the_roles_settings_once_and_check_mode_changes_nothing(tmp_path):
+    _release(tmp_path, "r1", env="")
+    settings = {"VLFLEET_PORT": 8000, "VLFLEET_HOST": "127.0.0.1", "VLFLEET_RELEASE_ID": "r1"}
+    args = {"root": str(tmp_path), "release": "r1", "group": "root", "settings": settings}
+    assert host_agent.write_env({**args, "check": True})["changed"] is True
+    assert (tmp_path / "releases" / "r1" / "vlfleet.env").read_text() == ""  # check mode: untouched
+    assert host_agent.write_env(args)["changed"] is True
+    assert host_agent.read_env(tmp_path / "releases" / "r1" / "vlfleet.env") == \
+        {"VLFLEET_PORT": "8000", "VLFLEET_HOST": "127.0.0.1", "VLFLEET_RELEASE_ID": "r1"}
+    assert host_agent.write_env(args)["changed"] is False
+    assert host_agent.write_env({**args, "check": True})["changed"] is False
+    os.chmod(tmp_path / "releases" / "r1" / "vlfleet.env", 0o644)  # a mode changed by hand is put back
+    assert host_agent.write_env(args)["changed"] is True
+    with pytest.raises(AgentError, match="NAME=value"):
+        host_agent.write_env({**args, "settings": {"VLFLEET_X": "a\nb"}})
+
+
+def test_venv_step_prepares_reports_and_previews(tmp_path):
+    args = {"root": str(tmp_path), "release": "r1"}
+    assert host_agent.venv({**args, "check": True}) == \
+        {"changed": True, "complete": False, "release": "r1", "venv": "to be made"}
+    assert not (tmp_path / "releases").exists()  # check mode makes nothing
+    out = host_agent.venv({**args, "prepare": True})
+    assert out["changed"] and not out["complete"] and (tmp_path / "releases" / "r1").is_dir()
+    assert not host_agent.venv({**args, "prepare": True})["changed"]
+    with pytest.raises(AgentError, match="no wheelhouse archive"):
+        host_agent.venv({**args, "wheelhouse_tar": str(tmp_path / "missing.tar")})
+    with pytest.raises(AgentError, match="no venv yet"):
+        host_agent.venv(args)
+    _release(tmp_path, "r2")
+    assert host_agent.venv({"root": str(tmp_path), "release": "r2", "check": True})["changed"] is False
+
+
+def test_switch_step_reports_changed_and_previews_in_check_mode(tmp_path):
+    _release(tmp_path, "r1")
+    _release(tmp_path, "r2")
+    root = str(tmp_path)
+    assert host_agent.switch_step({"root": root, "release": "r1"})["changed"] is True
+    assert host_agent.switch_step({"root": root, "release": "r2", "check": True}) == \
+        {"changed": True, "from": "r1", "current": "r2", "previous": "r1"}
+    assert host_agent.link_target(tmp_path / "current") == "r1"  # only previewed
+    assert host_agent.switch_step({"root": root, "release": "r2"})["changed"] is True
+    assert host_agent.switch_step({"root": root, "release": "r2"}) == \
+        {"changed": False, "from": "r2", "current": "r2", "previous": "r1"}
 
 
 def test_prune_keeps_the_newest_and_never_current_or_previous(tmp_path):
@@ -111,9 +159,29 @@ def test_prune_keeps_the_newest_and_never_current_or_previous(tmp_path):
         os.utime(d, (1000 + i, 1000 + i))
     host_agent.switch(tmp_path, "r1")
     host_agent.switch(tmp_path, "r2")  # current r2, previous r1: both old, both kept
+    assert host_agent.prune({"root": str(tmp_path), "keep": 2, "check": True})["removed"] == ["r3"]
+    assert len(list((tmp_path / "releases").iterdir())) == 5  # check mode removes nothing
     out = host_agent.prune({"root": str(tmp_path), "keep": 2})
-    assert sorted(out["removed"]) == ["r3"]
+    assert sorted(out["removed"]) == ["r3"] and out["changed"]
     assert sorted(p.name for p in (tmp_path / "releases").iterdir()) == ["r1", "r2", "r4", "r5"]
+    out = host_agent.prune({"root": str(tmp_path), "keep": 1, "protect": ["r5"]})
+    assert out["removed"] == ["r4"]
+    assert host_agent.prune({"root": str(tmp_path), "keep": 1, "protect": ["r5"]})["changed"] is False
+
+
+def test_prune_of_models_keeps_what_current_and_previous_use(tmp_path):
+    for i, aid in enumerate(["a1", "a2", "a3", "a4"]):
+        (tmp_path / "models" / aid).mkdir(parents=True)
+        os.utime(tmp_path / "models" / aid, (1000 + i, 1000 + i))
+    _release(tmp_path, "r1", env=f"VLFLEET_MODEL_DIR={tmp_path}/models/a1\n")
+    _release(tmp_path, "r2", env=f"VLFLEET_MODEL_DIR={tmp_path}/models/a2\n")
+    host_agent.switch(tmp_path, "r1")
+    host_agent.switch(tmp_path, "r2")
+    out = host_agent.prune({"root": str(tmp_path), "kind": "models", "keep": 1, "protect": ["a4"]})
+    assert out["removed"] == ["a3"]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["a1", "a2", "a4"]
+    with pytest.raises(AgentError, match="kind"):
+        host_agent.prune({"root": str(tmp_path), "kind": "etc"})
 
 
 def test_established_clients_counts_remote_peers_on_the_port_only(tmp_path):
@@ -147,6 +215,26 @@ def test_the_shipped_agent_runs_from_its_command_line(tmp_path):
         parse_agent_output(bad.stdout, bad.stderr, bad.returncode)
 
 
+def test_the_roles_run_the_same_file_with_plain_json_or_base64(tmp_path):
+    # ansible.builtin.script runs ops/fleet/host_agent.py with the host's python3: SUBCOMMAND ARGS, JSON answer
+    import base64
+    import json
+
+    _release(tmp_path, "r1")
+    agent = Path(host_agent.__file__)
+    for arg in (json.dumps({"root": str(tmp_path), "release": "r1"}),
+                base64.b64encode(json.dumps({"root": str(tmp_path), "release": "r1"}).encode()).decode()):
+        done = subprocess.run([sys.executable, str(agent), "switch", arg], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"changed": False, "from": "r1", "current": "r1",
+                                                        "previous": None}
+    roles = REPO / "roles"
+    for role in ("python_runtime", "vlm_service", "model_artifact"):
+        tasks = "".join(p.read_text() for p in (roles / role / "tasks").glob("*.yml"))
+        assert "ansible.builtin.script" in tasks, role
+
+
 def test_agent_crash_and_sudo_password_are_explained():
     with pytest.raises(StepError, match=r"exit 1\): .*KeyError"):
         parse_agent_output("", "Traceback (most recent call last):\nKeyError: 'x'", 1)
@@ -157,11 +245,11 @@ def test_agent_crash_and_sudo_password_are_explained():
 def test_release_env_changes_only_what_the_release_changes(tmp_path):
     current = {"VLFLEET_HOST": "10.0.0.11", "VLFLEET_PORT": "8000", "VLFLEET_RELEASE_ID": "r1",
                "VLFLEET_MODEL_DIR": "/opt/vlfleet/models/a1", "VLFLEET_QUEUE_SIZE": "8"}
-    env = release_env(current, Release("r2", env={"VLFLEET_QUEUE_SIZE": "", "VLFLEET_MAX_TOKENS": "64"}),
-                      "/opt/vlfleet")
+    changes = env_changes(Release("r2", env={"VLFLEET_QUEUE_SIZE": "", "VLFLEET_MAX_TOKENS": "64"}), "/opt/vlfleet")
+    env = host_agent.merged_env(current, changes)
     assert env == {"VLFLEET_HOST": "10.0.0.11", "VLFLEET_PORT": "8000", "VLFLEET_RELEASE_ID": "r2",
                    "VLFLEET_MODEL_DIR": "/opt/vlfleet/models/a1", "VLFLEET_MAX_TOKENS": "64"}
-    text = render_env(env)
+    text = host_agent.env_text(env)
     assert text.startswith("# Managed by vlfleet") and "VLFLEET_RELEASE_ID=r2\n" in text
     assert host_agent.read_env(_write(tmp_path / "e", text)) == env
 
