@@ -39,7 +39,9 @@ def test_vm_has_two_nodes_and_service_is_bound_to_the_plans_node(converged_inven
     for pid in _service_pids(vm1):
         maps = _sudo(vm1, f"cat /proc/{pid}/numa_maps")
         policies = {line.split()[1] for line in maps.splitlines() if len(line.split()) > 1}
-        assert policies == {f"bind:{plan['node']}"}, f"pid {pid}: {policies}"
+        # bind:N from numactl; "local" where the runtime's allocator set a mapping's own policy (same node here)
+        assert f"bind:{plan['node']}" in policies and policies <= {f"bind:{plan['node']}", "local"}, \
+            f"pid {pid}: {policies}"
         status = _sudo(vm1, f"cat /proc/{pid}/status")
         allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M).group(1)
         assert allowed == node_cpus, f"pid {pid} runs on {allowed}, node {plan['node']} has {node_cpus}"

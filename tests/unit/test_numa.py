@@ -50,14 +50,15 @@ def test_one_node_is_not_applicable():
 
 def test_two_nodes_pinned_and_bound_passes():
     found = _verdict(_facts({"0": "0-1", "1": "2-3"},
-                            {"10": (["2-3"], {"bind:1": 30}), "11": (["2", "3"], {"bind:1": 50})}))
-    assert found.startswith("node 1 of 2 (CPUs [2, 3]); 2 process(es), memory bind:1 on all 80 mappings")
+                            {"10": (["2-3"], {"bind:1": 30}), "11": (["2", "3"], {"bind:1": 50, "local": 4})}))
+    assert found == "node 1 of 2 (CPUs [2, 3]); 2 process(es), memory bind:1 on 80 mappings, local on 4 mappings"
 
 
 @pytest.mark.parametrize(("procs", "message"), [
     ({"10": (["0-3"], {"bind:0": 30})}, r"CPUs \[0, 1, 2, 3\], which span NUMA nodes \[0, 1\]"),
     ({"10": (["0-1"], {"default": 30})}, r"not bound to it \(bind:0\): pid 10: \{'default': 30\}"),
     ({"10": (["0-1"], {"bind:0": 30}), "11": (["0"], {"bind:1": 2})}, r"pid 11: \{'bind:1': 2\}"),
+    ({"10": (["0-1"], {"local": 30})}, r"no mapping is bound to node 0 \(bind:0\): was the service started through"),
 ])
 def test_two_nodes_spread_or_unbound_fails(procs, message):
     with pytest.raises(AssertionError, match=message):
