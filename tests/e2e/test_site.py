@@ -130,6 +130,18 @@ def test_check_mode_on_converged_fleet_reports_no_changes(converged):
     assert not changed, f"--check would change {changed}: {check.changed}"
 
 
+def test_a_roles_tag_runs_alone(converged, converged_inventory, tiny_model: Path):
+    # The remediations say `vlfleet site ... --tags vlm_service`: the facts other roles read (the release, the
+    # artifact) must be named on such a run too, not only when python_runtime's and model_artifact's tags run.
+    from ops.playbook import run_playbook
+
+    run = run_playbook(converged_inventory, "site.yml", site_vars(tiny_model), tags=["os_packages", "vlm_service"],
+                       limit="c1,lb1", timeout=CONVERGE_TIMEOUT, echo=None)
+    assert run.ok, run.summary()
+    changed = {h: n["changed"] for h, n in run.recap.items() if n["changed"]}
+    assert not changed, f"--tags os_packages,vlm_service changed {changed}: {run.changed}"
+
+
 def _service_pids(host: dict) -> list[int]:
     # MainPID (the launcher, exec'd into gunicorn's master) and its children (the worker). Not the cgroup file:
     # its path differs between unified and hybrid hierarchies (nspawn containers).
