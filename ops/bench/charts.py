@@ -50,6 +50,33 @@ def bars(path: Path, title: str, values: dict[str, float], ylabel: str, line: fl
     return path
 
 
+def lever_chart(path: Path, levers: list[dict]) -> Path:
+    """Each lever's first token and ms/token as ratios to the service defaults (1.0 = no effect; lower is faster),
+    one row per setting: the settings' names are too long for a bar chart's x axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = next(lv for lv in levers if lv["name"] == "baseline")
+    rows = [lv for lv in levers if lv is not base]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    for i, (key, label) in enumerate((("ms_per_token", "ms/token"), ("first_token_s", "first token"))):
+        ys = [r + i * 0.4 for r in range(len(rows))]
+        bars_ = ax.barh(ys, [lv[key] / base[key] for lv in rows], 0.4, label=label)
+        ax.bar_label(bars_, fmt="%.2fx", fontsize=7)
+    ax.set_yticks([r + 0.2 for r in range(len(rows))], [lv["setting"] for lv in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="#c44e52", linestyle="--", linewidth=1)
+    ax.set_xlabel("ratio to the service defaults (lower is faster)")
+    ax.set_title("Levers (A/B, int4)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def suite_charts(results: dict, out_dir: Path) -> list[str]:
     """The bench's PNGs (file names relative to ``out_dir``) for what this run measured."""
     from ops.bench.targets import dig
@@ -87,4 +114,8 @@ def suite_charts(results: dict, out_dir: Path) -> list[str]:
                 groups.setdefault(f"{lv['clients']} clients", [0.0] * len(engines))[i] = lv["tokens_per_s"]
         bar_chart(out_dir / "bench-concurrency.png", "Aggregate output tokens/s (int4)", groups, engines)
         made.append("bench-concurrency.png")
+    levers = results.get("levers")
+    if levers and any(lv["name"] == "baseline" for lv in levers):
+        lever_chart(out_dir / "bench-levers.png", levers)
+        made.append("bench-levers.png")
     return made
