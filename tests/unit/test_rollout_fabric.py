@@ -78,7 +78,8 @@ def test_rollout_goes_host_by_host_with_drain_gate_undrain(remote):
         ran = _ran(s)
         assert [name for name, _ in ran] == ["describe", "stage", "quiesce", "activate", "prune"]
         stage, activate = ran[1][1], ran[3][1]
-        assert stage["venv_from"] == "r1" and "VLFLEET_RELEASE_ID=r2\n" in stage["env_text"]
+        assert stage["venv_from"] == stage["env_from"] == "r1"
+        assert stage["changes"]["VLFLEET_RELEASE_ID"] == "r2"
         assert activate["release"] == "r2" and activate["timeout"] == 30
     lb_ops = [(a["drain"], a["undrain"]) for _, a in _ran(lb)]
     assert lb_ops == [(["h1"], []), ([], ["h1"]), (["h2"], []), ([], ["h2"]), (["h3"], []), ([], ["h3"])]
