@@ -124,27 +124,8 @@ def _status_versions(text: str) -> dict[str, str]:
     return versions
 
 
-def _os_packages_play(directory: Path) -> Path:
-    """site.yml's os_packages roles alone, per play as site.yml has them (`--tags os_packages` on site.yml would
-    still validate every other role's arguments, some of which need facts only their own roles set)."""
-    import yaml
-
-    from ops.playbook import PLAYBOOKS
-
-    plays = []
-    for play in yaml.safe_load((PLAYBOOKS / "site.yml").read_text()):
-        roles = [r for r in play.get("roles", []) if isinstance(r, dict) and r.get("role") == "os_packages"]
-        if roles:
-            plays.append({"name": play["name"], "hosts": play["hosts"], "become": True, "gather_facts": True,
-                          "roles": roles})
-    assert len(plays) == 2, plays  # the model hosts' and the load balancer's
-    path = directory / "os-packages.yml"
-    path.write_text(yaml.safe_dump(plays, sort_keys=False))
-    return path
-
-
 @pytest.fixture(scope="module")
-def converged(bare_fleet, hosts, mirror, tiny_model: Path, tmp_path_factory):
+def converged(bare_fleet, hosts, mirror, tiny_model: Path):
     """os_packages in check mode on the bare hosts, site.yml with installs on and the mirror served on the bridge,
     then os_packages again, and in check mode."""
     from ops.os_mirror.serve import running
@@ -156,12 +137,12 @@ def converged(bare_fleet, hosts, mirror, tiny_model: Path, tmp_path_factory):
     with running(mirror.path, gateway(bare_fleet.subnet)) as served:
         extra = {**site_vars(tiny_model, min(host_python_versions(inventory).values())),
                  "vlfleet_os_packages_install": True, "vlfleet_os_packages_mirror": served.url}
-        only = _os_packages_play(tmp_path_factory.mktemp("os-mirror"))
-        dry = run_playbook(inventory, only, extra, check=True, timeout=600, echo=None)
+        only = {"tags": ["os_packages"], "timeout": 600, "echo": None}  # site.yml's os_packages roles alone
+        dry = run_playbook(inventory, "site.yml", extra, check=True, **only)
         dry_left = {name: _ssh(h, "ls /etc/apt/vlfleet-os-mirror 2>&1").stdout for name, h in hosts.items()}
         first = run_playbook(inventory, "site.yml", extra, timeout=CONVERGE_TIMEOUT, echo=print)
-        again = run_playbook(inventory, only, extra, timeout=600, echo=None)
-        check = run_playbook(inventory, only, extra, check=True, timeout=600, echo=None)
+        again = run_playbook(inventory, "site.yml", extra, **only)
+        check = run_playbook(inventory, "site.yml", extra, check=True, **only)
         fetched = list(served.requests)
     return {"dry": dry, "dry_left": dry_left, "first": first, "again": again, "check": check, "fetched": fetched}
 
