@@ -13,7 +13,7 @@ _SOURCE_HELP = ("Hugging Face repo id (default Qwen/Qwen3-VL-2B-Instruct; mirror
                 "directory, http(s)/file URL or path of a checkpoint tarball")
 _FORMAT_HELP = {
     "weight_format": "int4 (default), int8 or fp16",
-    "group_size": "int4 group size (default 128; -1 = per channel)",
+    "group_size": "int4 group size (default 128; -1 = per channel: faster decode, coarser; docs/tuning.md, levers)",
     "ratio": "int4: share of layers in int4, the rest int8 (default 1.0)",
     "sym": "int4: symmetric quantisation",
 }
