@@ -414,12 +414,12 @@ def test_service_stays_on_one_numa_node(facts, record_property):
     # numactl --membind shows as bind:N; "local" is a mapping's own policy (the runtime's allocator sets it: memory
     # of the node the allocating thread runs on), which for threads kept on one node is that node too.
     want = f"bind:{home}"
-    stray = {pid: {k: v for k, v in p["policies"].items() if k not in (want, "local", f"prefer:{home}")}
-             for pid, p in procs.items()}
+    on_home = (want, "local", f"prefer:{home}")
+    stray = {pid: {k: v for k, v in p["policies"].items() if k not in on_home} for pid, p in procs.items()}
     stray = {pid: other for pid, other in stray.items() if other}
     assert not stray, (f"the threads run on node {home}, but memory is not bound to it ({want}): "
                        + "; ".join(f"pid {pid}: {other}" for pid, other in sorted(stray.items())))
-    policies = {k: sum(p["policies"].get(k, 0) for p in procs.values()) for k in (want, "local", f"prefer:{home}")}
+    policies = {k: sum(p["policies"].get(k, 0) for p in procs.values()) for k in on_home}
     assert policies[want], f"no mapping is bound to node {home} ({want}): was the service started through numactl?"
     record_property("found", f"node {home} of {len(nodes)} (CPUs {sorted(used)}); {len(procs)} process(es), memory "
                              + ", ".join(f"{k} on {n} mappings" for k, n in policies.items() if n))

@@ -18,3 +18,11 @@ def sudo(host: dict, command: str, timeout: float = 120) -> str:
     done = ssh(host, f"sudo sh -c {shlex.quote(command)}", timeout)
     assert done.returncode == 0, f"{command!r} on {host['ansible_host']}: {done.stderr}"
     return done.stdout
+
+
+def service_pids(host: dict) -> list[int]:
+    """vlfleet.service's MainPID (the launcher, exec'd into gunicorn's master) and its children (the worker). Not the
+    cgroup file: its path differs between unified and hybrid hierarchies (nspawn containers)."""
+    procs = sudo(host, "m=$(systemctl show -p MainPID --value vlfleet.service); ps -o pid= -p $m --ppid $m").split()
+    assert procs, "vlfleet.service has no processes"
+    return [int(p) for p in procs]

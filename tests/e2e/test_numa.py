@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.hostcmd import service_pids
 from tests.e2e.hostcmd import sudo as _sudo
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
@@ -23,12 +24,6 @@ def hosts(staging_fleet) -> dict[str, dict]:
     return {n: h for n, h in hosts_of(Path(staging_fleet.inventory_path)).items() if "vlm" in h["groups"]}
 
 
-def _service_pids(host: dict) -> list[int]:
-    procs = _sudo(host, "m=$(systemctl show -p MainPID --value vlfleet.service); ps -o pid= -p $m --ppid $m").split()
-    assert procs, "vlfleet.service has no processes"
-    return [int(p) for p in procs]
-
-
 def test_vm_has_two_nodes_and_service_is_bound_to_the_plans_node(converged_inventory, hosts):
     vm1 = hosts["vm1"]
     nodes = sorted(_sudo(vm1, "ls -d /sys/devices/system/node/node[0-9]*").split())
@@ -36,7 +31,7 @@ def test_vm_has_two_nodes_and_service_is_bound_to_the_plans_node(converged_inven
     plan = json.loads(_sudo(vm1, "cat /run/vlfleet/cpu-plan.json"))
     node_cpus = _sudo(vm1, f"cat /sys/devices/system/node/node{plan['node']}/cpulist").strip()
     assert plan["membind"] == plan["node"], plan  # numactl is there (os_packages), so memory follows the CPUs
-    for pid in _service_pids(vm1):
+    for pid in service_pids(vm1):
         maps = _sudo(vm1, f"cat /proc/{pid}/numa_maps")
         policies = {line.split()[1] for line in maps.splitlines() if len(line.split()) > 1}
         # bind:N from numactl; "local" where the runtime's allocator set a mapping's own policy (same node here)

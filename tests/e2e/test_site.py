@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.hostcmd import service_pids
 from tests.e2e.hostcmd import ssh as _ssh
 from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.site_vars import CONVERGE_TIMEOUT, converge, site_vars
@@ -142,14 +143,6 @@ def test_a_roles_tag_runs_alone(converged, converged_inventory, tiny_model: Path
     assert not changed, f"--tags os_packages,vlm_service changed {changed}: {run.changed}"
 
 
-def _service_pids(host: dict) -> list[int]:
-    # MainPID (the launcher, exec'd into gunicorn's master) and its children (the worker). Not the cgroup file:
-    # its path differs between unified and hybrid hierarchies (nspawn containers).
-    procs = _sudo(host, "m=$(systemctl show -p MainPID --value vlfleet.service); ps -o pid= -p $m --ppid $m").split()
-    assert procs, "vlfleet.service has no processes"
-    return [int(p) for p in procs]
-
-
 def test_service_has_65535_open_files(converged, hosts):
     import resource
 
@@ -160,7 +153,7 @@ def test_service_has_65535_open_files(converged, hosts):
         want = 65535 if host.get("vlfleet_staging_kind") == "vm" else min(65535, controller_hard)
         main_pid = int(_sudo(host, "systemctl show -p MainPID --value vlfleet.service").strip())
         assert main_pid > 0, name
-        for pid in {main_pid, *_service_pids(host)}:
+        for pid in {main_pid, *service_pids(host)}:
             limits = _sudo(host, f"cat /proc/{pid}/limits")
             expected = rf"^Max open files\s+{want}\s+{want}\s+files"
             assert re.search(expected, limits, re.M), f"{name} pid {pid}:\n{limits}"
@@ -174,7 +167,7 @@ def test_service_affinity_equals_launcher_plan(converged, hosts):
         assert plan["threads"] == len(plan["cpus"]) >= 1, plan
         env = _sudo(host, "cat /opt/vlfleet/current/vlfleet.env")
         assert "VLFLEET_THREADS" not in env  # the launcher sets it from the plan
-        for pid in _service_pids(host):
+        for pid in service_pids(host):
             status = _sudo(host, f"cat /proc/{pid}/status")
             allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M).group(1)
             assert sorted(parse_cpu_list(allowed)) == plan["cpus"], f"{name} pid {pid}: {allowed} vs {plan}"
