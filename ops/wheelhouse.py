@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -208,15 +209,23 @@ def _requirement(wheel: Path) -> str:
     return f"{name.replace('_', '-').lower()}=={version}"
 
 
-def assemble(target: Target, out: Path | None = None, quiet: bool = False) -> Path:
-    """The complete wheelhouse for ``target`` (cached); copied to ``out`` when given."""
+def cache_key(target: Target, pins: Sequence[str], extra_wheels: Sequence[Path] = ()) -> str:
+    """What a finished wheelhouse depends on: target, pins, the project's code, and each extra wheel's name and
+    content (a wheelhouse with the llama-server wheel is another entry than one without)."""
+    extras = [f"{Path(w).name}:{sha256_file(Path(w))}" for w in extra_wheels]
+    return _key(target.label, *pins, project_version(), code_hash(), *extras)
+
+
+def assemble(target: Target, out: Path | None = None, quiet: bool = False,
+             extra_wheels: Sequence[Path] = ()) -> Path:
+    """The complete wheelhouse for ``target`` (cached), with ``extra_wheels`` added; copied to ``out`` when given."""
     pins = host_pins()
-    key = _key(target.label, *pins, project_version(), code_hash())
+    key = cache_key(target, pins, extra_wheels)
     cached = cache_root() / "wheelhouse" / f"{target.label}-{key}"
     if not (cached / "wheelhouse.json").is_file():
         with locked(cached):
             if not (cached / "wheelhouse.json").is_file():
-                _assemble(target, pins, cached, key, quiet)
+                _assemble(target, pins, cached, key, quiet, [Path(w) for w in extra_wheels])
     if out is None:
         return cached
     out = Path(out)
@@ -229,13 +238,13 @@ def assemble(target: Target, out: Path | None = None, quiet: bool = False) -> Pa
     return out
 
 
-def _assemble(target: Target, pins: list[str], cached: Path, key: str, quiet: bool) -> None:
+def _assemble(target: Target, pins: list[str], cached: Path, key: str, quiet: bool, extras: list[Path]) -> None:
     deps = download_deps(target, pins, quiet=quiet)
     tmp = cached.with_name(f".{cached.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        for wheel in sorted(deps.glob("*.whl")):
+        for wheel in [*sorted(deps.glob("*.whl")), *extras]:
             try:
                 os.link(wheel, tmp / wheel.name)  # same disk: no second copy of 90 MB
             except OSError:

@@ -90,12 +90,18 @@ FIELDS: tuple[Field, ...] = (
           "conversation's KV, so a follow-up re-runs neither the vision encoder nor the earlier turns. serial: one "
           "genai VLMPipeline, one request at a time. batching: a "
           "ContinuousBatchingPipeline whose decode steps serve several requests at once. llamacpp: a private "
-          "llama-server child on a GGUF artifact (VLFLEET_MODEL_DIR made by `vlfleet model.gguf`), one request at "
-          "a time; decodes faster, first token slower (docs/engines.md). `vlfleet tune` picks per host.",
+          "llama-server child on a GGUF artifact (made by `vlfleet model.gguf`: VLFLEET_LLAMACPP_MODEL_DIR, else "
+          "VLFLEET_MODEL_DIR), one request at a time; decodes faster, first token slower (docs/engines.md). "
+          "`vlfleet tune` picks per host.",
           "direct, serial, batching or llamacpp"),
     Field("llamacpp_server", _path, None,
-          "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = "
-          "llama-server on PATH.", "a file path"),
+          "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = the "
+          "one in the installed vlfleet-llama-server wheel (`vlfleet llamacpp.wheel`, shipped in the wheelhouse), "
+          "else llama-server on PATH.", "a file path"),
+    Field("llamacpp_model_dir", _path, None,
+          "The GGUF artifact the llamacpp engine serves (`vlfleet model.gguf` makes one); when set and "
+          "VLFLEET_ENGINE=llamacpp it replaces VLFLEET_MODEL_DIR, so one environment serves every engine; unset = "
+          "VLFLEET_MODEL_DIR.", "a directory path"),
     Field("llamacpp_ctx", _int_range(0, 1 << 20), 0,
           "Context size of the llamacpp engine's llama-server, in tokens (its KV cache); 0 = "
           "VLFLEET_MAX_INPUT_TOKENS + VLFLEET_MAX_TOKENS, the longest prompt and answer accepted.",
@@ -238,6 +244,11 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     if settings.memory_low_water >= settings.memory_high_water:
         raise SettingsError(f"{PREFIX}MEMORY_LOW_WATER ({settings.memory_low_water}) must be below "
                             f"{PREFIX}MEMORY_HIGH_WATER ({settings.memory_high_water})")
+    if settings.engine == "llamacpp" and settings.llamacpp_model_dir is not None:
+        # One env file per release serves every engine and `vlfleet tune` switches only VLFLEET_ENGINE, so the GGUF
+        # artifact has its own variable; it becomes model_dir, which the startup checks, /readyz's artifact id and
+        # the prompt limits read.
+        settings = settings.replace(model_dir=settings.llamacpp_model_dir)
     if settings.model_dir is None:
         raise SettingsError(f"{PREFIX}MODEL_DIR is not set: point it at a converted model artifact directory")
     return settings

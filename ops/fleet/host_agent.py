@@ -368,8 +368,9 @@ def prune(args: dict) -> dict:
     if kind == "releases":
         protected.update(in_use)
     else:
-        protected.update(Path(read_env(root / "releases" / r / "vlfleet.env").get("VLFLEET_MODEL_DIR", "")).name
-                         for r in in_use)
+        envs = [read_env(root / "releases" / r / "vlfleet.env") for r in in_use]
+        protected.update(Path(env.get(name, "")).name for env in envs
+                         for name in ("VLFLEET_MODEL_DIR", "VLFLEET_LLAMACPP_MODEL_DIR"))
     base = root / kind
     dirs = sorted((d for d in base.iterdir() if d.is_dir() and not d.is_symlink()), key=lambda p: p.stat().st_mtime,
                   reverse=True) if base.is_dir() else []
@@ -661,6 +662,8 @@ def cgroup_rss(cgroup: str, fs: Path = Path("/sys/fs/cgroup"), proc: Path = Path
 # restart on an engine, peak memory, the record of the choice
 
 ENGINES = ("serial", "batching", "direct", "llamacpp")  # service/settings.py's VLFLEET_ENGINE choices
+# Where the release wheelhouse's vlfleet-llama-server wheel (ops/llamacpp/wheel.py) puts llama-server in the venv.
+RUNTIME_GLOB = "lib/python3*/site-packages/vlfleet_llama_server/bin/llama-server"
 
 
 def _read_json(path: Path) -> Any:
@@ -685,13 +688,22 @@ def tune_info(args: dict) -> dict:
     limits = dict(line.split("=", 1) for line in props.splitlines() if "=" in line)
     mem_total = next((int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemTotal:")), None)
-    server = env.get("VLFLEET_LLAMACPP_SERVER", "")
     return {"release": link_target(root / "current"), "env": env,
             "override": read_env(override) if override.is_file() else None,
             "record": _read_json(Path(args["record"])),
             "memory_high": _memory_property(limits.get("MemoryHigh")),
             "memory_max": _memory_property(limits.get("MemoryMax")), "mem_total": mem_total,
-            "llama_server": {"path": server, "exists": bool(server) and os.access(server, os.X_OK)}}
+            "llama_server": llama_server(root, env)}
+
+
+def llama_server(root: Path, env: dict) -> dict:
+    """The llama-server the llamacpp engine would run (the env's, else the one the release's wheelhouse put in its
+    venv) and the GGUF artifact it would serve, each with whether it is there."""
+    server = env.get("VLFLEET_LLAMACPP_SERVER", "") or next(
+        (str(p) for p in sorted((root / "current" / "venv").glob(RUNTIME_GLOB))), "")
+    model = env.get("VLFLEET_LLAMACPP_MODEL_DIR", "")
+    return {"path": server, "exists": bool(server) and os.access(server, os.X_OK),
+            "model_dir": model, "model_exists": bool(model) and (Path(model) / "manifest.json").is_file()}
 
 
 def override_text(engine: str) -> str:

@@ -99,13 +99,22 @@ def plan(engines: Sequence[str] | None, pin: str | None, info: dict) -> list[tup
             skip = ("shares decode steps between concurrent requests; one answer at a time (what tune measures) "
                     "only pays its overhead: name it in --engines to measure it anyway")
         elif engine == "llamacpp":
-            server = info.get("llama_server") or {}
-            if not server.get("path"):
-                skip = "not shipped to hosts yet: the release's env names no llama-server (VLFLEET_LLAMACPP_SERVER)"
-            elif not server.get("exists"):
-                skip = f"VLFLEET_LLAMACPP_SERVER={server['path']} is not an executable file on the host"
+            skip = _llamacpp_missing(info.get("llama_server") or {})
         out.append((engine, skip))
     return out
+
+
+def _llamacpp_missing(server: dict) -> str | None:
+    """Why the llamacpp engine cannot run on the host (host agent's llama_server()), or None."""
+    ship = "ship both with `vlfleet site --gguf DIR`"
+    if not server.get("path"):
+        return f"no llama-server on the host (none in the release's venv, no VLFLEET_LLAMACPP_SERVER): {ship}"
+    if not server.get("exists"):
+        return f"{server['path']} is not an executable file on the host"
+    if not server.get("model_exists"):
+        return (f"no GGUF artifact on the host (VLFLEET_LLAMACPP_MODEL_DIR={server.get('model_dir') or 'unset'}): "
+                f"{ship}")
+    return None
 
 
 def _setting_default(name: str) -> Any:

@@ -37,3 +37,27 @@ def build(c, portable=False, jobs=2, timeout=60, version=None):
     except (build_mod.BuildError, SourceError) as e:
         raise Exit(f"llamacpp.build: {e}") from None
     print(f"llama-server: {done.binary('llama-server')}")
+
+
+@task(help={
+    "portable": "package a portable build (every CPU variant, for hosts of several CPU generations) instead of the "
+                "native one tuned for this CPU, which hosts without its ISA flags refuse to run",
+    "out": "also copy the wheel into this directory (default: only the vlfleet cache)",
+})
+def wheel(c, portable=False, out=None):
+    """Package llama-server and the shared libraries it needs as a wheel for the hosts' wheelhouse (builds first if
+    absent); print the wheel's path."""
+    from pathlib import Path
+
+    from ops.llamacpp import build as build_mod
+    from ops.llamacpp.source import SourceError
+    from ops.llamacpp.wheel import WheelError, runtime_wheel
+
+    try:
+        done = build_mod.build(build_mod.default_config(native=not portable))
+        path = runtime_wheel(done, Path(out) if out else None)
+    except (build_mod.BuildError, SourceError, WheelError) as e:
+        raise Exit(f"llamacpp.wheel: {e}") from None
+    except OSError as e:
+        raise Exit(f"llamacpp.wheel: cannot write the wheel: {e}") from None
+    print(path)

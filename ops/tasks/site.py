@@ -20,7 +20,31 @@ def _artifact_dir(artifact: str) -> Path:
     return path
 
 
-def _wheelhouse_dir(wheelhouse: str | None, python: str, inventory: Path) -> Path:
+def _llamacpp(gguf: str, build_kind: str) -> tuple[Path, Path]:
+    """The GGUF artifact to ship and the llama.cpp runtime wheel for the hosts' wheelhouse (built or reused)."""
+    from ops.llamacpp import build, wheel
+    from ops.llamacpp import gguf as gguf_mod
+    from ops.llamacpp.source import SourceError
+
+    if build_kind not in ("portable", "native"):
+        raise Exit(f"site: --llamacpp-build {build_kind!r}: use portable (hosts of any x86-64 CPU) or native (hosts "
+                   "with this controller's CPU)")
+    config = build.default_config(native=build_kind == "native")
+    try:
+        runtime = wheel.runtime_wheel(build.build(config))
+        if gguf == "tiny":
+            return gguf_mod.cached("tiny", build_config=config), runtime
+    except (build.BuildError, gguf_mod.GgufError, SourceError) as e:
+        raise Exit(f"site: {e}") from e
+    path = Path(gguf).expanduser()
+    manifest = path / "manifest.json"
+    if not manifest.is_file() or json.loads(manifest.read_text()).get("weight_format", {}).get("format") != "gguf":
+        raise Exit(f"--gguf {path}: not a GGUF artifact (manifest.json with weight format gguf). Make one with "
+                   "`vlfleet model.gguf`, or pass --gguf tiny with --artifact tiny")
+    return path, runtime
+
+
+def _wheelhouse_dir(wheelhouse: str | None, python: str, inventory: Path, extra_wheels: list[Path]) -> Path:
     if wheelhouse:
         path = Path(wheelhouse).expanduser()
         if not (path / "requirements.txt").is_file():
@@ -43,7 +67,7 @@ def _wheelhouse_dir(wheelhouse: str | None, python: str, inventory: Path) -> Pat
 
     print(f"[site] building (or reusing) the wheelhouse for Python {python} ...")
     try:
-        return assemble(Target(python, DEFAULT_PLATFORM))
+        return assemble(Target(python, DEFAULT_PLATFORM), extra_wheels=extra_wheels)
     except WheelhouseError as e:
         raise Exit(f"site: {e}") from e
 
@@ -57,9 +81,14 @@ def _wheelhouse_dir(wheelhouse: str | None, python: str, inventory: Path) -> Pat
     "limit": "only these hosts or groups (ansible --limit)",
     "tags": "only these role tags, comma-separated (e.g. vlm_service,lb)",
     "extra": "more variables as JSON, e.g. '{\"lb_drained_hosts\": [\"vlm2\"]}'",
+    "gguf": "also ship this GGUF artifact of the same checkpoint (from `vlfleet model.gguf`; 'tiny' with --artifact "
+            "tiny) and put llama.cpp's llama-server into the hosts' wheelhouse, so the llamacpp engine can run and "
+            "`vlfleet tune` measures it",
+    "llamacpp_build": "with --gguf: portable (the default: every CPU variant, chosen at run time, for hosts of any "
+                      "x86-64 generation) or native (tuned for this controller's CPU; hosts must have its ISA)",
 })
 def site(c, inventory="inventory.yml", artifact=None, wheelhouse=None, python="auto", check=False, limit=None,
-         tags=None, extra=None):
+         tags=None, extra=None, gguf=None, llamacpp_build="portable"):
     """Converge the fleet: CPU check, swap, limits, tuning, release venv, model, service, nginx (site.yml)."""
     from ops.playbook import PlaybookError, run_playbook
 
@@ -77,7 +106,15 @@ def site(c, inventory="inventory.yml", artifact=None, wheelhouse=None, python="a
         except (ValueError, TypeError) as e:
             raise Exit(f"site: --extra must be a JSON object: {e}") from e
     extra_vars["vlfleet_artifact_dir"] = str(_artifact_dir(artifact))
-    extra_vars["vlfleet_wheelhouse_dir"] = str(_wheelhouse_dir(wheelhouse, python, inv))
+    runtime: list[Path] = []
+    if gguf:
+        if wheelhouse:
+            raise Exit("site: --gguf puts llama-server into the wheelhouse it builds; leave out --wheelhouse (or "
+                       "build yours with the runtime wheel from `vlfleet llamacpp.wheel` and pass vlfleet_gguf_dir "
+                       "in --extra)")
+        gguf_dir, wheel = _llamacpp(gguf, llamacpp_build)
+        extra_vars["vlfleet_gguf_dir"], runtime = str(gguf_dir), [wheel]
+    extra_vars["vlfleet_wheelhouse_dir"] = str(_wheelhouse_dir(wheelhouse, python, inv, runtime))
     try:
         run = run_playbook(inv, "site.yml", extra_vars, check=bool(check), diff=bool(check), limit=limit,
                            tags=[t for t in (tags or "").split(",") if t])

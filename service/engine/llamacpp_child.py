@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,16 +57,60 @@ def gguf_files(model_dir: Path) -> GgufFiles:
     files = weight_format.get("files", {})
     if weight_format.get("format") != "gguf" or not {"language_model", "mmproj"} <= set(files):
         raise ChildError(f"{model_dir} is not a GGUF artifact, which VLFLEET_ENGINE=llamacpp needs (make one with "
-                         "`vlfleet model.gguf`; OpenVINO artifacts are served by the serial and batching engines)")
+                         "`vlfleet model.gguf` and set VLFLEET_LLAMACPP_MODEL_DIR to it; OpenVINO artifacts are "
+                         "served by the other engines)")
     return GgufFiles(Path(model_dir) / files["language_model"], Path(model_dir) / files["mmproj"])
 
 
+def _package():
+    """The installed vlfleet_llama_server package (llama-server from the wheelhouse), or None."""
+    try:
+        import vlfleet_llama_server
+    except ImportError:
+        return None
+    return vlfleet_llama_server
+
+
 def server_binary(configured: Path | None) -> Path:
-    found = configured or (Path(p) if (p := shutil.which("llama-server")) else None)
+    """VLFLEET_LLAMACPP_SERVER, else the installed package's llama-server, else llama-server on PATH; checked to
+    run on this CPU when it is the package's."""
+    package = _package()
+    found = configured or (package.server() if package else None) or shutil.which("llama-server")
     if found is None or not Path(found).is_file():
-        raise ChildError(f"llama-server not found ({configured or 'not on PATH'}): set VLFLEET_LLAMACPP_SERVER to "
-                         "the binary `vlfleet llamacpp.build` prints")
+        where = configured or (package.server() if package else "not on PATH")
+        raise ChildError(f"llama-server not found ({where}): set VLFLEET_LLAMACPP_SERVER to the binary "
+                         "`vlfleet llamacpp.build` prints, or install the wheel `vlfleet llamacpp.wheel` makes")
+    if package is not None:
+        check_isa(Path(found), package.server(), package.BUILD.get("requires_isa", []))
     return Path(found)
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    for line in cpuinfo.read_text().splitlines():
+        if line.split(":", 1)[0].strip() == "flags":
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def check_isa(binary: Path, packaged: Path, required: list[str], cpuinfo: Path = Path("/proc/cpuinfo")) -> None:
+    """ChildError if ``binary`` is the package's and this CPU lacks flags the package was built for: a native
+    build stops on an illegal instruction, maybe mid-answer, rather than at start."""
+    if not required or Path(binary).resolve() != Path(packaged).resolve():
+        return
+    missing = [flag for flag in required if flag not in cpu_flags(cpuinfo)]
+    if missing:
+        raise ChildError(f"the installed llama-server ({packaged}) is a native build for a CPU with "
+                         f"{', '.join(required)}; this CPU lacks {', '.join(missing)}. Ship a portable build: "
+                         "`vlfleet llamacpp.wheel --portable` (or `vlfleet llamacpp.build --portable`)")
+
+
+def child_env(binary: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default os.environ) with the binary's directory first on LD_LIBRARY_PATH: the binaries'
+    RUNPATH names the controller's build dir, which does not exist on hosts; their libraries sit beside them."""
+    env = dict(os.environ if environ is None else environ)
+    libs = str(Path(binary).resolve().parent)
+    env["LD_LIBRARY_PATH"] = f"{libs}{os.pathsep}{env['LD_LIBRARY_PATH']}" if env.get("LD_LIBRARY_PATH") else libs
+    return env
 
 
 def context_size(settings) -> int:
@@ -128,7 +173,8 @@ class LlamaServerChild:
         self.tail.clear()
         # The key goes by environment, not argv, which every user of the host can read in ps.
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env={**os.environ, "LLAMA_API_KEY": self.key},
+                                     stdin=subprocess.DEVNULL,
+                                     env={**child_env(Path(self.command[0])), "LLAMA_API_KEY": self.key},
                                      preexec_fn=_pdeathsig())
         threading.Thread(target=self._read_output, args=(self.proc,), name="llama-server-log", daemon=True).start()
         log.info("llama-server started", extra={"pid": self.proc.pid, "command": " ".join(self.command)})

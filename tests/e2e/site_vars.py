@@ -7,10 +7,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ops.staging.converge_vars import site_vars
+from ops.staging import converge_vars
 
 CONVERGE_TIMEOUT = 1800  # bounded so a stuck VM cannot eat CI's 90 minutes
 _converges: dict[Path, object] = {}
+
+
+def site_vars(artifact: Path, python: str = "3.11") -> dict:
+    """The standard fleet's variables: the tiny model as an OpenVINO artifact and as a GGUF artifact, with the
+    llama.cpp runtime in the wheelhouse, so every engine can run on the hosts. The runtime is the suite's own
+    build, tuned for this CPU: the staging hosts are containers and KVM guests (-cpu host) of this machine."""
+    from ops.llamacpp import build, gguf, wheel
+
+    config = build.test_config()
+    runtime = wheel.runtime_wheel(build.build(config))
+    return converge_vars.site_vars(artifact, python, gguf=gguf.cached("tiny", build_config=config),
+                                   extra_wheels=[runtime])
 
 
 def converge(inventory: Path, artifact: Path, echo=print):

@@ -1,4 +1,6 @@
 """`vlfleet tune` on one host of the shared converged staging fleet: c1 only, short answers (16 tokens, 2 runs).
+The converge shipped the tiny model as a GGUF artifact and llama-server in the wheelhouse, so llamacpp is measured
+beside the OpenVINO engines.
 
 The module's fixture runs the real command once over SSH; the tests then check its record (an engine, a score for
 every engine measured, the skipped ones with their reasons), that c1's service restarted on the chosen engine
@@ -100,11 +102,12 @@ def record(tuned) -> dict:
 def test_record_names_an_engine_and_scores_every_candidate(record, hosts):
     assert record["engine"] in ENGINES and record["host"] == HOST
     assert (record["tokens"], record["runs"], record["pinned"]) == (TOKENS, RUNS, False)
-    assert set(record["candidates"]) == {"serial", "direct"}, record["candidates"]
+    # the converge shipped the GGUF artifact and llama-server (in the release venv): every engine but batching runs
+    assert set(record["candidates"]) == {"serial", "direct", "llamacpp"}, (record["candidates"], record["skipped"])
     for engine, c in record["candidates"].items():
         assert c["status"] in ("ok", "over budget"), f"{engine}: {c}"
         assert c["score_s"] > 0 and len(c["totals_s"]) == RUNS and c["peak_rss_bytes"] > 0, f"{engine}: {c}"
-    assert set(record["skipped"]) == {"batching", "llamacpp"} and all(record["skipped"].values())
+    assert set(record["skipped"]) == {"batching"} and all(record["skipped"].values())
     assert record["cpu"]["model"] and "avx2" in record["cpu"]["isa"]
     # the host keeps the same record as the controller
     assert json.loads(_sudo(hosts[HOST], f"cat {TUNED_FILE}")) == record
@@ -144,3 +147,23 @@ def test_checklist_finds_the_tuned_engine_running(record, converged_inventory, t
     result = Report.from_json(json.loads((tmp_path / "report.json").read_text())).get(HOST, "ENGINE-TUNED")
     assert result.status == "pass", result.message
     assert record["engine"] in result.message
+
+
+def test_a_pin_runs_llamacpp_from_the_release_venv_on_its_gguf_artifact(record, hosts, converged_inventory,
+                                                                         tmp_path):
+    """The shipped llama.cpp runtime for real: pinned, c1 serves from the venv's llama-server and the GGUF artifact
+    the env file names, and answers through nginx (the module's teardown puts c1 back)."""
+    done = _vlfleet("tune", "--inventory", str(converged_inventory), "--limit", HOST, "--engine", "llamacpp",
+                    "--tokens", "4", "--runs", "1", "--out", str(tmp_path), "--yes")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    pinned = json.loads((tmp_path / f"tune-{HOST}.json").read_text())
+    assert (pinned["engine"], pinned["pinned"]) == ("llamacpp", True), pinned
+    env = dict(line.split("=", 1) for line in _sudo(hosts[HOST], "cat /opt/vlfleet/current/vlfleet.env").splitlines()
+               if "=" in line and not line.startswith("#"))
+    gguf = json.loads(_sudo(hosts[HOST], f"cat {env['VLFLEET_LLAMACPP_MODEL_DIR']}/manifest.json"))
+    status, body = _readyz(hosts[HOST])
+    assert status == 200 and body["engine"] == "llamacpp" and body["artifact_id"] == gguf["artifact_id"], body
+    children = _sudo(hosts[HOST], "ps -eo args | grep '[l]lama-server'")
+    assert "/venv/lib/" in children and "vlfleet_llama_server/bin/llama-server" in children, children
+    assert env["VLFLEET_LLAMACPP_MODEL_DIR"] in children, children
+    test_answers_through_nginx_again(pinned, hosts)

@@ -30,3 +30,16 @@ def test_ratio_takes_a_value_and_is_checked(tmp_path):
     assert result.returncode == 1
     assert "ratio must be in (0, 1], got 1.5" in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_site_gguf_refuses_what_it_cannot_ship_before_building_anything(tmp_path):
+    inventory, artifact = tmp_path / "inventory.yml", tmp_path / "artifact"
+    inventory.write_text("all: {}\n")
+    artifact.mkdir()
+    (artifact / "manifest.json").write_text("{}")
+    site = [VLFLEET, "site", "--inventory", str(inventory), "--artifact", str(artifact), "--gguf", "tiny"]
+    for extra, message in ((["--wheelhouse", str(tmp_path)], "leave out --wheelhouse"),
+                           (["--llamacpp-build", "fast"], "--llamacpp-build 'fast': use portable")):
+        result = subprocess.run(site + extra, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and message in result.stderr + result.stdout, result.stderr
+        assert "Traceback" not in result.stderr

@@ -174,14 +174,36 @@ def test_prune_of_models_keeps_what_current_and_previous_use(tmp_path):
         (tmp_path / "models" / aid).mkdir(parents=True)
         os.utime(tmp_path / "models" / aid, (1000 + i, 1000 + i))
     _release(tmp_path, "r1", env=f"VLFLEET_MODEL_DIR={tmp_path}/models/a1\n")
-    _release(tmp_path, "r2", env=f"VLFLEET_MODEL_DIR={tmp_path}/models/a2\n")
+    # the GGUF artifact the llamacpp engine serves is in use as much as the OpenVINO one
+    _release(tmp_path, "r2", env=f"VLFLEET_MODEL_DIR={tmp_path}/models/a2\n"
+                                 f"VLFLEET_LLAMACPP_MODEL_DIR={tmp_path}/models/a3\n")
     host_agent.switch(tmp_path, "r1")
     host_agent.switch(tmp_path, "r2")
+    out = host_agent.prune({"root": str(tmp_path), "kind": "models", "keep": 1})
+    assert out["removed"] == [], out
+    (tmp_path / "models" / "a0").mkdir()
+    os.utime(tmp_path / "models" / "a0", (999, 999))
     out = host_agent.prune({"root": str(tmp_path), "kind": "models", "keep": 1, "protect": ["a4"]})
-    assert out["removed"] == ["a3"]
-    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["a1", "a2", "a4"]
+    assert out["removed"] == ["a0"]
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["a1", "a2", "a3", "a4"]
     with pytest.raises(AgentError, match="kind"):
         host_agent.prune({"root": str(tmp_path), "kind": "etc"})
+
+
+def test_llama_server_is_the_envs_else_the_release_venvs_with_its_gguf_artifact(tmp_path):
+    site = Path("lib") / "python3.10" / "site-packages" / "vlfleet_llama_server" / "bin"
+    venv_bin = _release(tmp_path, "r1") / "venv" / site
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "llama-server").write_text("#!/bin/sh\n")
+    (venv_bin / "llama-server").chmod(0o755)
+    (tmp_path / "models" / "g1").mkdir(parents=True)
+    (tmp_path / "models" / "g1" / "manifest.json").write_text("{}")
+    host_agent.switch(tmp_path, "r1")
+    found = host_agent.llama_server(tmp_path, {"VLFLEET_LLAMACPP_MODEL_DIR": str(tmp_path / "models" / "g1")})
+    assert found == {"path": str(tmp_path / "current" / "venv" / site / "llama-server"),
+                     "exists": True, "model_dir": str(tmp_path / "models" / "g1"), "model_exists": True}
+    named = host_agent.llama_server(tmp_path, {"VLFLEET_LLAMACPP_SERVER": "/nowhere/llama-server"})
+    assert named == {"path": "/nowhere/llama-server", "exists": False, "model_dir": "", "model_exists": False}
 
 
 def test_established_clients_counts_remote_peers_on_the_port_only(tmp_path):

@@ -34,14 +34,17 @@ def test_default_candidates_skip_batching_and_an_unshipped_llamacpp_with_reasons
     assert list(steps) == ["serial", "batching", "direct", "llamacpp"]
     assert steps["serial"] is None and steps["direct"] is None
     assert "concurrent" in steps["batching"] and "--engines" in steps["batching"]
-    assert "VLFLEET_LLAMACPP_SERVER" in steps["llamacpp"]
+    assert "no llama-server on the host" in steps["llamacpp"] and "vlfleet site --gguf" in steps["llamacpp"]
 
 
-def test_llamacpp_is_a_candidate_only_where_the_named_binary_exists():
-    there = {"llama_server": {"path": "/opt/llama/llama-server", "exists": True}}
-    missing = {"llama_server": {"path": "/opt/llama/llama-server", "exists": False}}
-    assert dict(t.plan(None, None, there))["llamacpp"] is None
-    assert "/opt/llama/llama-server is not an executable file" in dict(t.plan(None, None, missing))["llamacpp"]
+def test_llamacpp_is_a_candidate_only_where_its_binary_and_gguf_artifact_exist():
+    server = {"path": "/opt/llama/llama-server", "exists": True, "model_dir": "/opt/vlfleet/models/g1",
+              "model_exists": True}
+    assert dict(t.plan(None, None, {"llama_server": server}))["llamacpp"] is None
+    missing = dict(t.plan(None, None, {"llama_server": {**server, "exists": False}}))["llamacpp"]
+    assert "/opt/llama/llama-server is not an executable file" in missing
+    no_gguf = dict(t.plan(None, None, {"llama_server": {**server, "model_dir": "", "model_exists": False}}))
+    assert "no GGUF artifact" in no_gguf["llamacpp"] and "VLFLEET_LLAMACPP_MODEL_DIR=unset" in no_gguf["llamacpp"]
 
 
 def test_named_engines_and_a_pin_are_measured_as_asked():
