@@ -476,15 +476,21 @@ def smoke(addr: tuple[str, int], timeout: float, key: str | None = None) -> dict
     return {"ok": True, "tokens": tokens, "seconds": seconds}
 
 
+LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason: the engine will not retry
+
+
 def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: float | None, restarts: int,
                poll: float = 1.0) -> dict:
-    """Wait (bounded) for /readyz 200 with a body ``accept`` takes; fail fast when the unit crashes meanwhile.
+    """Wait (bounded) for /readyz 200 with a body ``accept`` takes; fail fast when the unit crashes meanwhile or
+    the engine reports that its model failed to load.
     {"ok": True, "ready_s", "readyz"} or {"ok": False, "reason", "journal"}."""
     started = time.monotonic()
     while True:
         status, last = readyz(addr)
         if status == 200 and accept(last):
             return {"ok": True, "ready_s": round(time.monotonic() - started, 1), "readyz": last}
+        if str(last.get("reason", "")).startswith(LOAD_FAILED):  # the process lives on, never ready: stop waiting
+            return {"ok": False, "reason": f"/readyz {status}: {last['reason']}", "journal": journal_tail(unit, since)}
         state = unit_state(unit)
         crashed = (state.get("ActiveState") in ("failed", "inactive") or state.get("SubState") == "auto-restart"
                    or int(state.get("NRestarts") or 0) > restarts)

@@ -5,7 +5,7 @@ The wheel ``vlfleet_llama_server-<version>+<build key>-py3-none-linux_x86_64.whl
 DT_NEEDED closure, each under its soname, plus a portable build's dlopened ``libggml-cpu*`` backends), and
 ``build.json`` saying what it was built for. It is written with zipfile alone, with fixed timestamps, so one build
 always gives the same bytes (and the same hash in the wheelhouse's requirements.txt). Cached under
-``$VLFLEET_CACHE/llamacpp-wheels/``, keyed by the build's key.
+``$VLFLEET_CACHE/llamacpp-wheels/``, keyed by this module's code and the build's key.
 """
 
 from __future__ import annotations
@@ -84,22 +84,43 @@ def needed(path: Path) -> list[str]:
     return _NEEDED.findall(out.stdout)
 
 
+# Libraries every glibc Linux host has (the manylinux policy's list, as auditwheel applies it): never bundled.
+# Any other library the binaries need and the build dir lacks (OpenMP's libgomp) is bundled from this machine.
+SYSTEM_LIBS = frozenset({"libc.so.6", "libm.so.6", "libdl.so.2", "librt.so.1", "libpthread.so.0", "libutil.so.1",
+                         "libgcc_s.so.1", "libstdc++.so.6", "ld-linux-x86-64.so.2", "libresolv.so.2"})
+
+
+def system_library(name: str) -> Path:
+    """Where this machine's dynamic loader finds ``name`` (ldconfig -p)."""
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise WheelError(f"ldconfig -p failed ({e}); it is needed to find {name}") from None
+    for line in out.splitlines():
+        lib, _, path = line.strip().partition(" => ")
+        if lib.split(" ", 1)[0] == name and "x86-64" in lib:
+            return Path(path)
+    raise WheelError(f"the build needs {name}, which this machine's dynamic loader does not find")
+
+
 def binaries(build: Build) -> dict[str, Path]:
-    """bin/'s files by the name they get in the wheel: llama-server, the build's libraries in its NEEDED closure
-    (system ones such as libc are not in the build dir and stay out), and a portable build's CPU backends."""
+    """bin/'s files by the name they get in the wheel: llama-server, a portable build's CPU backends (dlopened from
+    the executable's directory), and their NEEDED closure: the build's libraries, and system libraries a host may
+    lack; never the ones every host has (SYSTEM_LIBS)."""
     bin_dir = build.bin_dir
     server = bin_dir / SERVER
     if not server.is_file():
         raise WheelError(f"{server} is missing: build again with `vlfleet llamacpp.build`")
     files = {SERVER: server}
-    todo = [server]
+    if not build_json(build)["native"]:
+        files.update({p.name: p for p in sorted(bin_dir.glob("libggml-cpu*.so*")) if p.is_file()})
+    todo = list(files.values())
     while todo:
         for name in needed(todo.pop()):
-            if name not in files and (bin_dir / name).is_file():
-                files[name] = bin_dir / name
-                todo.append(bin_dir / name)
-    if not build_json(build)["native"]:  # GGML_BACKEND_DL: dlopened from the executable's directory
-        files.update({p.name: p for p in sorted(bin_dir.glob("libggml-cpu*.so*")) if p.is_file()})
+            if name in files or name in SYSTEM_LIBS:
+                continue
+            files[name] = bin_dir / name if (bin_dir / name).is_file() else system_library(name)
+            todo.append(files[name])
     return files
 
 
@@ -135,7 +156,9 @@ def _write(path: Path, entries: list[tuple[str, bytes, int]], record_name: str) 
 
 def runtime_wheel(build: Build, out_dir: Path | None = None) -> Path:
     """The wheel of ``build`` (made once per build key, then reused); copied into ``out_dir`` when given."""
-    cached = cache_root() / "llamacpp-wheels" / wheel_name(build)
+    # keyed by this module's code too: a change in what goes into the wheel must not reuse an older wheel
+    cached = cache_root() / "llamacpp-wheels" / hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12] / \
+        wheel_name(build)
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{cached.name}.", dir=cached.parent)

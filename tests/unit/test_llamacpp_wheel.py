@@ -19,9 +19,10 @@ from service.engine.llamacpp_child import ChildError, check_isa, child_env, serv
 from service.settings import load
 
 ISA = ["avx2", "avx512f"]
-# What readelf would say: the server needs the impl library, which needs ggml and libc (a system library).
+# What readelf would say: the server needs the impl library, which needs ggml; ggml needs libc (on every host) and
+# OpenMP's libgomp (not on every host: bundled from the controller).
 NEEDED = {"llama-server": ["libllama-server-impl.so", "libc.so.6"], "libllama-server-impl.so": ["libggml.so.0"],
-          "libggml.so.0.1.0": ["libc.so.6"]}
+          "libggml.so.0.1.0": ["libc.so.6", "libgomp.so.1"], "libggml-cpu-haswell.so": ["libgomp.so.1"]}
 
 
 def fake_build(root: Path, native: bool = True) -> Build:
@@ -38,8 +39,10 @@ def fake_build(root: Path, native: bool = True) -> Build:
 
 
 @pytest.fixture
-def fake_readelf(monkeypatch):
+def fake_readelf(monkeypatch, tmp_path):
     monkeypatch.setattr(wheel, "needed", lambda path: NEEDED.get(Path(path).resolve().name, []))
+    (tmp_path / "libgomp.so.1").write_bytes(b"ELF libgomp")
+    monkeypatch.setattr(wheel, "system_library", lambda name: tmp_path / name)
 
 
 def cpuinfo(tmp_path: Path, flags: str) -> Path:
@@ -57,7 +60,8 @@ def test_the_wheel_holds_the_server_and_the_libraries_it_needs_under_their_sonam
     with zipfile.ZipFile(path) as zf:
         bins = {n.split("/bin/")[1]: zf.getinfo(n) for n in zf.namelist() if "/bin/" in n}
         # No llama-quantize, no libc; a native build's backend variants are not loaded, so not shipped.
-        assert set(bins) == {"llama-server", "libllama-server-impl.so", "libggml.so.0"}
+        assert set(bins) == {"llama-server", "libllama-server-impl.so", "libggml.so.0", "libgomp.so.1"}
+        assert zf.read("vlfleet_llama_server/bin/libgomp.so.1") == b"ELF libgomp"
         assert zf.read("vlfleet_llama_server/bin/libggml.so.0") == b"ELF libggml.so.0.1.0"
         assert all(i.external_attr >> 16 & 0o777 == 0o755 for i in bins.values())
         assert "Root-Is-Purelib: false" in zf.read("vlfleet_llama_server-0.3.36+abc123def456.dist-info/WHEEL").decode()
@@ -145,3 +149,10 @@ def test_an_extra_wheel_is_part_of_the_wheelhouse_key(tmp_path):
     without, with_extra = wheelhouse.cache_key(target, ["a==1"]), wheelhouse.cache_key(target, ["a==1"], [extra])
     extra.write_bytes(b"two")
     assert len({without, with_extra, wheelhouse.cache_key(target, ["a==1"], [extra])}) == 3
+
+
+def test_system_library_is_found_where_the_loader_finds_it_and_a_missing_one_is_named():
+    libc = wheel.system_library("libc.so.6")
+    assert libc.name == "libc.so.6" and libc.exists()
+    with pytest.raises(wheel.WheelError, match=r"libnothere\.so\.9"):
+        wheel.system_library("libnothere.so.9")

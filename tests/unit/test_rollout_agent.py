@@ -306,3 +306,19 @@ def test_inventory_groups_resolve_children_in_order():
     c1 = inv.hosts["c1"]
     assert c1.address == "10.0.0.11" and c1.var("vlm_service_host", "127.0.0.1") == "127.0.0.1"
     assert c1.root == "/opt/vlfleet" and c1.unit == "vlfleet"
+
+
+def test_wait_ready_stops_at_once_when_the_model_failed_to_load(monkeypatch):
+    """A service whose engine could not load its model lives on unready; waiting out the timeout (tune's, the
+    release gate's) would only delay the failure. The reason comes from the engine's own words."""
+    engine_source = (Path(__file__).resolve().parents[2] / "service" / "engine" / "base.py").read_text()
+    assert f'f"{host_agent.LOAD_FAILED}: {{e}}"' in engine_source
+    reason = f"{host_agent.LOAD_FAILED}: llama-server exited with code 127"
+    polls = []
+    monkeypatch.setattr(host_agent, "readyz", lambda addr: polls.append(addr) or (503, {"ready": False,
+                                                                                         "reason": reason}))
+    monkeypatch.setattr(host_agent, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
+    monkeypatch.setattr(host_agent, "journal_tail", lambda unit, since: "journal")
+    out = host_agent.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
+                                restarts=0)
+    assert out == {"ok": False, "reason": f"/readyz 503: {reason}", "journal": "journal"} and len(polls) == 1
