@@ -5,7 +5,7 @@ The checklist (ops/preflight/test_checklist.py) and the fleet report (ops/report
     <root>/current/venv/bin/python -m service.probe runtime-versions
     <root>/current/venv/bin/python -m service.probe readyz URL
     <root>/current/venv/bin/python -m service.probe stream HOST PORT MODEL FIRST_TOKEN_S TOTAL_S [API_KEYS_FILE]
-    <root>/current/venv/bin/python -m service.probe latency HOST PORT TOKENS RUNS TIMEOUT_S [API_KEYS_FILE]
+    <root>/current/venv/bin/python -m service.probe latency HOST PORT TOKENS RUNS TIMEOUT_S [API_KEYS_FILE] [CLIENTS]
     python3 -c "<this file's source>" snapshot ROOT SERVICE
     python3 -c "<this file's source>" facts ROOT
 
@@ -30,6 +30,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -418,14 +419,23 @@ def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: i
 LATENCY_IMAGE = (416, 277)  # a typical photo's budget after downscaling: image tokens dominate the first token
 
 
-def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_file: str = "") -> list[dict[str, Any]]:
+def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_file: str = "",
+            clients: int = 1) -> list[dict[str, Any]]:
     """``runs`` streamed answers of exactly ``tokens`` tokens, one after another, each about a new image of a
     typical size: first token, ms per token and the time to the whole answer. A new image each time, because an
     engine that keeps encoded images (or their KV) would otherwise time its cache, not a typical first question.
-    With ``keys_file`` (read as root on the host), the first key goes with each request."""
+    With ``clients`` > 1 each run is that many answers asked at once, as that many users would; every answer is a
+    row. With ``keys_file`` (read as root on the host), the first key goes with each request."""
     key = _first_key(keys_file)
-    return [_latency_run(host, port, _image_url(LATENCY_IMAGE, (40 + (7 * i) % 200, 120, 200)), tokens, bound, i, key)
-            for i in range(runs)]
+
+    def one(i: int) -> dict[str, Any]:
+        return _latency_run(host, port, _image_url(LATENCY_IMAGE, (40 + (7 * i) % 200, 120, 200)), tokens, bound, i,
+                            key)
+
+    if clients <= 1:
+        return [one(i) for i in range(runs)]
+    with ThreadPoolExecutor(clients) as pool:
+        return [row for r in range(runs) for row in pool.map(one, range(r * clients, (r + 1) * clients))]
 
 
 def _optional(args: list[str], i: int) -> str:
@@ -436,7 +446,8 @@ COMMANDS = {
     "runtime-versions": lambda a: runtime_versions(),
     "readyz": lambda a: readyz(a[0]),
     "stream": lambda a: stream(a[0], int(a[1]), a[2], float(a[3]), float(a[4]), _optional(a, 5)),
-    "latency": lambda a: latency(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), _optional(a, 5)),
+    "latency": lambda a: latency(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), _optional(a, 5),
+                                 int(_optional(a, 6) or 1)),
     "snapshot": lambda a: snapshot(a[0], a[1]),
     "facts": lambda a: facts(a[0]),
 }

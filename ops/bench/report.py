@@ -150,22 +150,27 @@ def peer_section(results: dict) -> list[str]:
     return out
 
 
-def tune_section(results: dict) -> list[str]:
-    """Each engine `vlfleet tune` measured here, the one it picks and why, beside the answer times it must beat."""
-    tune = results.get("tune")
+def tune_section(results: dict, key: str = "tune") -> list[str]:
+    """Each engine `vlfleet tune` measured here, the one it picks and why; for one client at a time, beside the
+    answer times it must beat."""
+    tune = results.get(key)
     if not tune:
         return []
+    clients = tune.get("clients") or 1
     rows = [[engine + (" (picked)" if engine == tune.get("engine") else ""), c.get("status", ""),
              num(c.get("score_s")), num(c.get("first_token_s")), num(c.get("ms_per_token"), 1),
              gb(c.get("peak_rss_bytes")), num(c.get("ready_s"), 1), c.get("reason") or ""]
             for engine, c in (tune.get("candidates") or {}).items()]
     rows += [[engine, "skipped", "", "", "", "", "", why] for engine, why in (tune.get("skipped") or {}).items()]
-    rows += [[name, "same run", num(total), "", "", "", "", "for comparison"]
-             for name, total in answer_rivals(results).items() if total is not None]
-    return [f"## The engine `vlfleet tune` picks on this machine ({tune.get('tokens')}-token answers)", "",
-            f"Each engine started alone and timed by the probe hosts run (`service.probe latency`: {tune.get('runs')} "
-            "answers, a new 416x277 image each), scored and picked by `ops.fleet.tune` (median time to the whole "
-            f"answer, within the memory budget: {tune.get('budget')}). Peak RSS: all of the service's processes. "
+    if clients == 1:
+        rows += [[name, "same run", num(total), "", "", "", "", "for comparison"]
+                 for name, total in answer_rivals(results).items() if total is not None]
+    command, asked = ("`vlfleet tune`", f"{tune.get('runs')} answers") if clients == 1 else (
+        f"`vlfleet tune --clients {clients}`", f"{tune.get('runs')} runs of {clients} answers asked at once")
+    return [f"## The engine {command} picks on this machine ({tune.get('tokens')}-token answers)", "",
+            f"Each engine started alone and timed by the probe hosts run (`service.probe latency`: {asked}, a new "
+            "416x277 image each), scored and picked by `ops.fleet.tune` (median time to the whole answer, within "
+            f"the memory budget: {tune.get('budget')}). Peak RSS: all of the service's processes. "
             f"Picked: **{tune.get('engine')}** ({tune.get('why')}).", "",
             table(["engine", "status", f"time to {tune.get('tokens')} tokens (s)", "first token (s)", "ms/token",
                    "peak RSS (GB)", "ready after (s)", "note"], rows), ""]
@@ -261,7 +266,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
                     f"{verdicts['ms_per_token']['summary']}. Within means |ratio - 1| <= {TOLERANCE:g}, either way: "
                     "an in-process side slower than the service means the two sides did not do the same work.", ""]
     out += peer_section(results)
-    out += tune_section(results)
+    out += tune_section(results) + tune_section(results, "tune_load")
     levers = results.get("levers")
     if levers:
         rows = [[lv["name"], lv["setting"], num(lv.get("cold_start_s"), 1), num(lv["first_token_s"]),

@@ -25,7 +25,8 @@ from ops.bench.charts import suite_charts
 from ops.bench.report import render
 from ops.bench.server import Server, model_size
 
-SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead", "peer", "tune")
+SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead", "peer", "tune",
+            "tune_load")
 EXTRA_SECTIONS = ("levers",)  # only when asked for: A/B of service settings
 FOLLOWUP = "What are the main colors, and where are they?"
 FULL_SIDE = (1200, 800)
@@ -39,6 +40,7 @@ class Plan:
     tokens: int = 128  # a typical answer: what `vlfleet tune` scores by default
     clients: tuple[int, ...] = (1, 2, 4, 8)
     rounds: int = 2  # requests per client per concurrency level
+    tune_clients: int = 4  # tune_load: `vlfleet tune --clients` as a host whose users come together
     out: Path = Path("results")
     engines: tuple[str, ...] = ()  # filled from the service's settings
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vlfleet-bench-")))
@@ -322,8 +324,11 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
     def tune() -> None:
         results["tune"] = tune_engines(plan, artifact, peer_inputs, say)
 
+    def tune_load() -> None:
+        results["tune_load"] = tune_engines(plan, artifact, peer_inputs, say, clients=plan.tune_clients)
+
     steps = (("machine", machine), ("baselines", baselines), ("int8", int8), ("int4", int4),
-             ("overhead", overhead), ("peer", peer), ("tune", tune), ("levers", levers))
+             ("overhead", overhead), ("peer", peer), ("tune", tune), ("tune_load", tune_load), ("levers", levers))
     try:
         for name, fn in steps:
             section(name, fn)
@@ -370,11 +375,12 @@ def measure_peer(inputs: PeerInputs, plan: Plan, say: Callable[[str], None]) -> 
 
 
 def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Callable[[], PeerInputs] | None,
-                 say: Callable[[str], None]) -> dict:
-    """`vlfleet tune`'s choice on this machine, made by its own code: the engines it would measure (ops.fleet.tune
-    plan), each started alone and timed by the probe a host runs (service.probe latency: ``plan.tokens`` tokens, a
-    new image each run), then scored and picked by the same functions. The peak is the whole process tree's, as a
-    host reads it over the unit's cgroup (a llama-server child included)."""
+                 say: Callable[[str], None], clients: int = 1) -> dict:
+    """`vlfleet tune [--clients N]`'s choice on this machine, made by its own code: the engines it would measure
+    (ops.fleet.tune plan), each started alone and timed by the probe a host runs (service.probe latency:
+    ``plan.tokens`` tokens, a new image each answer, ``clients`` answers at once), then scored and picked by the same
+    functions. The peak is the whole process tree's, as a host reads it over the unit's cgroup (a llama-server child
+    included)."""
     from dataclasses import asdict
 
     from ops.fleet import tune
@@ -386,10 +392,11 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
             peer = peer_inputs()
         except Exception as e:  # the other engines are still measured; llamacpp is skipped with the reason
             peer_error = f"llama-server or the GGUF artifact could not be built: {type(e).__name__}: {e}"[:300]
-    info = {"llama_server": {"path": str(peer.server), "exists": peer.server.is_file()} if peer else {}}
+    info = {"llama_server": {"path": str(peer.server), "exists": peer.server.is_file(), "model_dir": str(peer.artifact),
+                             "model_exists": (peer.artifact / "manifest.json").is_file()} if peer else {}}
     limit, limit_source = tune.budget({})
     candidates, skipped = [], {}
-    for engine, skip in tune.plan(None, None, info):
+    for engine, skip in tune.plan(None, None, info, clients):
         if engine == "llamacpp" and peer is None:
             skip = peer_error
         if skip:
@@ -400,14 +407,16 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
         if engine == "llamacpp":
             model, env = peer.artifact, {**env, "VLFLEET_LLAMACPP_SERVER": str(peer.server)}
         with Server(model, plan.log_dir / f"tune-{engine}.log", env) as s:
-            runs = probe.latency("127.0.0.1", s.port, plan.tokens, plan.runs, 300.0)
+            runs = probe.latency("127.0.0.1", s.port, plan.tokens, plan.runs, 300.0 * clients, clients=clients)
             c = tune.evaluate(engine, runs, plan.tokens, s.peak_rss()["all"], limit, s.cold_start_s)
         candidates.append(c)
-        say(f"tune: {engine}: {c.score_s} s to a {plan.tokens}-token answer (first token {c.first_token_s} s, "
+        say(f"tune ({clients} at once): {engine}: {c.score_s} s to a {plan.tokens}-token answer (first token "
+            f"{c.first_token_s} s, "
             f"{c.ms_per_token} ms/token), peak RSS {(c.peak_rss_bytes or 0) / 1e9:.2f} GB {c.reason}")
     engine, why = tune.pick(candidates)
     say(f"tune picks {engine}: {why}")
-    return {"engine": engine, "why": why, "tokens": plan.tokens, "runs": plan.runs, "budget": limit_source,
+    return {"engine": engine, "why": why, "tokens": plan.tokens, "runs": plan.runs, "clients": clients,
+            "budget": limit_source,
             "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in candidates},
             "skipped": skipped}
 

@@ -42,6 +42,7 @@ class Options:
     engine: str | None = None  # pinned for every host (else a host's `vlfleet_engine` var, if any)
     tokens: int = 128
     runs: int = 3
+    clients: int = 1  # answers asked at once in each run: the traffic the host should be chosen for
     ready_timeout: float = 600.0  # one restart: model load + warm-up
     probe_timeout: float = 300.0  # one answer
     parallel: int = 4
@@ -88,16 +89,17 @@ def parse_engines(spec: str | Iterable[str] | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(names)) or None
 
 
-def plan(engines: Sequence[str] | None, pin: str | None, info: dict) -> list[tuple[str, str | None]]:
+def plan(engines: Sequence[str] | None, pin: str | None, info: dict, clients: int = 1) -> list[tuple[str, str | None]]:
     """(engine, reason to skip it or None) in the order they are measured. A pin is the only candidate; without
-    ``engines`` every engine is one, batching skipped; llamacpp only where the env names a llama-server that exists."""
+    ``engines`` every engine is one, batching skipped for one client at a time; llamacpp only where the host has
+    a llama-server and a GGUF artifact."""
     explicit = pin is not None or engines is not None
     out: list[tuple[str, str | None]] = []
     for engine in [pin] if pin else engines or ENGINES:
         skip = None
-        if engine == "batching" and not explicit:
-            skip = ("shares decode steps between concurrent requests; one answer at a time (what tune measures) "
-                    "only pays its overhead: name it in --engines to measure it anyway")
+        if engine == "batching" and not explicit and clients <= 1:
+            skip = ("shares decode steps between concurrent requests; one answer at a time (what tune measures "
+                    "without --clients) only pays its overhead: give --clients N, or name it in --engines")
         elif engine == "llamacpp":
             skip = _llamacpp_missing(info.get("llama_server") or {})
         out.append((engine, skip))
@@ -201,7 +203,7 @@ def record(host: str, engine: str, why: str, pinned: bool, candidates: Sequence[
     now = now or dt.datetime.now(dt.timezone.utc)
     return {
         "version": RECORD_VERSION, "host": host, "engine": engine, "why": why, "pinned": pinned,
-        "tokens": opts.tokens, "runs": opts.runs,
+        "tokens": opts.tokens, "runs": opts.runs, "clients": opts.clients,
         "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in candidates},
         "skipped": dict(skipped),
         "budget_bytes": limit[0], "budget": limit[1],
@@ -210,11 +212,12 @@ def record(host: str, engine: str, why: str, pinned: bool, candidates: Sequence[
     }
 
 
-def describe_candidate(c: Candidate, runs: int, tokens: int) -> str:
+def describe_candidate(c: Candidate, runs: int, tokens: int, clients: int = 1) -> str:
     if c.status == FAILED:
         return f"{c.engine}: failed: {c.reason}"
     rss = f"{c.peak_rss_bytes // MiB} MiB" if c.peak_rss_bytes is not None else "unknown"
-    line = (f"{c.engine}: ready in {c.ready_s} s; {runs} x {tokens} tokens: {c.score_s} s to the whole answer "
+    asked = f"{runs} x {clients} at once x" if clients > 1 else f"{runs} x"
+    line = (f"{c.engine}: ready in {c.ready_s} s; {asked} {tokens} tokens: {c.score_s} s to the whole answer "
             f"(first token {c.first_token_s} s, {c.ms_per_token} ms/token), peak RSS {rss}")
     return line + (f"; {c.reason}" if c.status == OVER_BUDGET else "")
 
@@ -253,12 +256,13 @@ class _Host:
     def latency(self, env: dict) -> list[dict]:
         addr, port = service_address(env)
         python = f"{self.host.root}/current/venv/bin/python"
-        args = [addr, port, self.opts.tokens, self.opts.runs, self.opts.probe_timeout]
-        if env.get("VLFLEET_API_KEYS_FILE"):
-            args.append(env["VLFLEET_API_KEYS_FILE"])  # read on the host, as root: the key never leaves it
+        n = self.opts.clients
+        # one answer may wait for the n - 1 asked with it: each gets n times the bound of a lone one
+        args = [addr, port, self.opts.tokens, self.opts.runs, self.opts.probe_timeout * n,
+                env.get("VLFLEET_API_KEYS_FILE", ""), n]  # the keys file is read on the host: keys never leave it
         cmd = shlex.join(["sudo", "-n", *service_probe.argv(python, "latency", *args)])
         done = self.fleet.conns[self.name].run(cmd, hide=True, warn=True, in_stream=False,
-                                               timeout=self.opts.probe_timeout * self.opts.runs + 60)
+                                               timeout=self.opts.probe_timeout * n * self.opts.runs + 60)
         try:
             return service_probe.parse(done.stdout)
         except (ValueError, IndexError):
@@ -292,7 +296,7 @@ def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None
         if pin:
             parse_engines([pin])  # a host var with a typo fails this host, before anything changes
         info, cpu = h.info(), h.cpu()
-        steps = plan(opts.engines, pin, info)
+        steps = plan(opts.engines, pin, info, opts.clients)
     except Exception as e:  # reported per host
         return HostTune(name, False, None, _why(e))
     limit = budget(info)
@@ -333,7 +337,7 @@ def _choose_and_run(h: _Host, steps: list[tuple[str, str | None]], pin: str | No
         c = h.measure(engine, info["env"], limit[0])
         running = engine if c.ready_s is not None else None  # it started (whatever its answers were)
         result.candidates.append(c)
-        echo(f"[tune] {h.name}: {describe_candidate(c, h.opts.runs, h.opts.tokens)}")
+        echo(f"[tune] {h.name}: {describe_candidate(c, h.opts.runs, h.opts.tokens, h.opts.clients)}")
     choice, why = pick(result.candidates, pin)
     if choice is not None and choice != running:
         started = h.set_engine(choice)

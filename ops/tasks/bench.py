@@ -38,7 +38,8 @@ def _peer():
 @task(default=True, help={
     "only": "comma-separated subset: machine, baselines, int8, int4, images, followup, concurrency, overhead, "
             "peer (llama-server on the same checkpoint as GGUF, built on first use), tune (the engine `vlfleet tune` "
-            "picks on this machine, by its own code), levers (A/B, off by default), "
+            "picks on this machine, by its own code), tune_load (its pick with 4 clients asking at once), levers "
+            "(A/B, off by default), "
             "or service (= int4,images,followup)",
     "quick": "fewer runs (2), one baseline run, clients 1/2/4 once each: a check of the harness, not a result",
     "runs": "measured answers per configuration (default 5; 2 with --quick)",

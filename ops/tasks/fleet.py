@@ -136,8 +136,10 @@ def status_(c, inventory="inventory.yml", only=None, json_=False):
     "limit": "only these vlm hosts, comma-separated (default: all of group vlm)",
     "tokens": "tokens per timed answer (default 128; each answer has exactly this many)",
     "runs": "timed answers per engine; the score is their median time to the whole answer (default 3)",
+    "clients": "answers asked at once in each run, as the host's users would (default 1); with more than one, the "
+               "batching engine is a candidate too and the score is the median answer's time under that load",
     "engines": "candidate engines, comma-separated (default: serial,batching,direct,llamacpp with batching skipped "
-               "and llamacpp only where the host's env names a llama-server that exists)",
+               "for one client and llamacpp only where the host has a llama-server and a GGUF artifact)",
     "engine": "pin this engine on every host: only start, verify and record it (a host's `vlfleet_engine` "
               "inventory var pins it for that host)",
     "out": "directory for the controller's copy of each record, tune-<host>.json (default: $VLFLEET_CACHE/reports)",
@@ -146,7 +148,7 @@ def status_(c, inventory="inventory.yml", only=None, json_=False):
     "probe_timeout": "seconds one timed answer may take (default 300)",
     "yes": COMMON_HELP["yes"],
 })
-def tune(c, inventory="inventory.yml", limit=None, tokens=128, runs=3, engines=None, engine=None, out=None,
+def tune(c, inventory="inventory.yml", limit=None, tokens=128, runs=3, clients=1, engines=None, engine=None, out=None,
          parallel=4, ready_timeout=600, probe_timeout=300, yes=False):
     """Measure each engine on each host, run the fastest within the memory budget, record the choice."""
     from ops.fleet import FleetError, status, status_table
@@ -154,15 +156,15 @@ def tune(c, inventory="inventory.yml", limit=None, tokens=128, runs=3, engines=N
 
     try:
         opts = tuning.Options(engines=tuning.parse_engines(engines), engine=engine or None, tokens=int(tokens),
-                              runs=int(runs), ready_timeout=float(ready_timeout),
+                              runs=int(runs), clients=int(clients), ready_timeout=float(ready_timeout),
                               probe_timeout=float(probe_timeout), parallel=int(parallel),
                               out=Path(out).expanduser() if out else None)
         if opts.engine:
             tuning.parse_engines(opts.engine)
     except (FleetError, ValueError) as e:
         raise Exit(f"vlfleet tune: {e}") from e
-    if opts.tokens < 2 or opts.runs < 1:
-        raise Exit("vlfleet tune: --tokens must be >= 2 and --runs >= 1")
+    if opts.tokens < 2 or opts.runs < 1 or not 1 <= opts.clients <= 64:
+        raise Exit("vlfleet tune: --tokens must be >= 2, --runs >= 1 and --clients 1-64")
     with _open_fleet(inventory, limit, ready_timeout=ready_timeout) as fleet:
         print(status_table(status(fleet)))
         print(f"\ntune {', '.join(h.name for h in fleet.hosts)}: each host leaves nginx and restarts once per engine")

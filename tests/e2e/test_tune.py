@@ -1,11 +1,11 @@
-"""`vlfleet tune` on one host of the shared converged staging fleet: c1 only, short answers (16 tokens, 2 runs).
-The converge shipped the tiny model as a GGUF artifact and llama-server in the wheelhouse, so llamacpp is measured
-beside the OpenVINO engines.
+"""`vlfleet tune` on one host of the shared converged staging fleet: c1 only, short answers (16 tokens, 2 runs of 2
+answers asked at once, so the batching engine is a candidate too). The converge shipped the tiny model as a GGUF
+artifact and llama-server in the wheelhouse, so llamacpp is measured beside the OpenVINO engines.
 
 The module's fixture runs the real command once over SSH; the tests then check its record (an engine, a score for
-every engine measured, the skipped ones with their reasons), that c1's service restarted on the chosen engine
-(/readyz, the override file, `vlfleet status`), that it answers through nginx on lb1 again, and that the checklist's
-ENGINE-TUNED check passes on it. At the end c1 is put back as the converge left it (override and record removed,
+every engine), that c1's service restarted on the chosen engine (/readyz, the override file, `vlfleet status`), that
+it answers through nginx on lb1 again, and that the checklist's ENGINE-TUNED check passes on it; then a pin runs
+llamacpp from the shipped runtime. At the end c1 is put back as the converge left it (override and record removed,
 restarted on the release's engine, in nginx), so later modules see the standard fleet.
 """
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 HOST = "c1"
-TOKENS, RUNS = 16, 2
+TOKENS, RUNS, CLIENTS = 16, 2, 2
 RUN_TIMEOUT = 1200  # the whole tune of one host: a few restarts of the tiny model and 2 x 16 tokens per engine
 
 
@@ -83,7 +83,7 @@ def tuned(converged_inventory, hosts, tmp_path_factory) -> dict:
     started = time.monotonic()
     try:
         done = _vlfleet("tune", "--inventory", str(converged_inventory), "--limit", HOST, "--tokens", str(TOKENS),
-                        "--runs", str(RUNS), "--out", str(out), "--yes")
+                        "--runs", str(RUNS), "--clients", str(CLIENTS), "--out", str(out), "--yes")
         yield {"done": done, "out": out, "before": before, "seconds": time.monotonic() - started}
     finally:
         _sudo(host, f"rm -f {ENGINE_ENV_FILE} {TUNED_FILE} && systemctl restart vlfleet", timeout=300)
@@ -101,13 +101,13 @@ def record(tuned) -> dict:
 
 def test_record_names_an_engine_and_scores_every_candidate(record, hosts):
     assert record["engine"] in ENGINES and record["host"] == HOST
-    assert (record["tokens"], record["runs"], record["pinned"]) == (TOKENS, RUNS, False)
-    # the converge shipped the GGUF artifact and llama-server (in the release venv): every engine but batching runs
-    assert set(record["candidates"]) == {"serial", "direct", "llamacpp"}, (record["candidates"], record["skipped"])
+    assert (record["tokens"], record["runs"], record["clients"], record["pinned"]) == (TOKENS, RUNS, CLIENTS, False)
+    # the converge shipped the GGUF artifact and llama-server (in the release venv), and --clients makes batching a
+    # candidate: every engine runs
+    assert set(record["candidates"]) == set(ENGINES) and not record["skipped"], record
     for engine, c in record["candidates"].items():
         assert c["status"] in ("ok", "over budget"), f"{engine}: {c}"
-        assert c["score_s"] > 0 and len(c["totals_s"]) == RUNS and c["peak_rss_bytes"] > 0, f"{engine}: {c}"
-    assert set(record["skipped"]) == {"batching"} and all(record["skipped"].values())
+        assert c["score_s"] > 0 and len(c["totals_s"]) == RUNS * CLIENTS and c["peak_rss_bytes"] > 0, f"{engine}: {c}"
     assert record["cpu"]["model"] and "avx2" in record["cpu"]["isa"]
     # the host keeps the same record as the controller
     assert json.loads(_sudo(hosts[HOST], f"cat {TUNED_FILE}")) == record

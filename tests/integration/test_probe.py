@@ -31,6 +31,15 @@ def test_latency_streams_and_times_real_requests(service):
     assert min(r["first_token_s"] for r in runs) <= summary["first_token_s"] <= max(r["first_token_s"] for r in runs)
 
 
+def test_latency_with_clients_asks_that_many_at_once(service):
+    runs = run("latency", "127.0.0.1", service.port, 8, 2, 120, "", 3)
+    assert len(runs) == 6 and all(r["status"] == 200 and r["tokens"] == 8 for r in runs), runs
+    # The tiny service answers one request at a time: asked together, each run's last first token comes after its
+    # first answer ended; asked one after another, every first token would come before any answer ended.
+    for batch in (runs[:3], runs[3:]):
+        assert max(r["first_token_s"] for r in batch) >= min(r["total_s"] for r in batch), batch
+
+
 def test_latency_reports_a_refused_request_as_an_error():
     # A port where nothing listens: the error is reported per run, the program itself still succeeds.
     (r,) = run("latency", "127.0.0.1", free_port(), 8, 1, 5, timeout=60)

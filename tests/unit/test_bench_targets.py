@@ -270,3 +270,17 @@ def test_the_report_shows_what_tune_measured_and_picked():
     assert "| direct (picked) | ok | 5.00 |" in md
     assert "| batching | skipped |" in md
     assert "| llama-server | same run | 7.20 |" in md
+
+
+def test_the_report_shows_tunes_pick_under_concurrent_clients_apart_from_single_answers():
+    r = with_tune(results())
+    r["tune_load"] = {**r["tune"], "engine": "batching", "clients": 4, "skipped": {},
+                      "candidates": {**r["tune"]["candidates"],
+                                     "batching": {"status": "ok", "score_s": 4.0, "peak_rss_bytes": 2.5e9,
+                                                  "reason": ""}}}
+    md = render(r)
+    load = md.split("## The engine `vlfleet tune --clients 4` picks on this machine (128-token answers)")[1]
+    assert "3 runs of 4 answers asked at once" in load and "| batching (picked) | ok | 4.00 |" in load
+    # single-answer rivals are not a comparison for answers under load
+    assert "same run" not in load.split("\n## ")[0]
+    assert by_id(evaluate(r))["tune-answer"].measured == pytest.approx(5.0 / 6.0)  # targets use the one-client tune

@@ -264,3 +264,23 @@ def remote():
     mock = MockRemote()
     yield mock
     mock.stop()
+
+
+def test_clients_make_batching_a_candidate_and_reach_the_probe_with_a_bound_for_the_load(remote, tmp_path):
+    assert dict(t.plan(None, None, NO_SERVER, clients=4))["batching"] is None
+    h1 = Session(host=ADDR["h1"], user="deploy", commands=[
+        INFO, FACTS, QUIESCE, _up("batching"), _latency(2.0), _peak(300), _answer({"written": True})])
+    lb = Session(host=ADDR["lb1"], user="deploy", commands=[LB] * 2)
+    remote.expect_sessions(h1, lb)
+    hostvars = {h: {"ansible_host": ADDR[h], "ansible_user": "deploy"} for h in ("h1", "lb1")}
+    inv = parse_inventory_json({"_meta": {"hostvars": hostvars}, "vlm": {"hosts": ["h1"]}, "lb": {"hosts": ["lb1"]}})
+    lines: list[str] = []
+    opts = t.Options(engines=("batching",), tokens=8, runs=1, clients=3, probe_timeout=100, parallel=1, out=tmp_path)
+    with Fleet(inv, timeouts=Timeouts(drain=5, ready=30), echo=None) as fleet:
+        (result,) = t.tune(fleet, opts, echo=lines.append)
+    assert result.ok and result.record["clients"] == 3
+    latency = next(cmd for ch in h1.channels  # not the facts probe, which ships the module's source with -c
+                   if "service.probe latency" in (cmd := ch.exec_command.call_args[0][0]) and " -c " not in cmd)
+    # each of the 3 answers asked at once may wait for the other two: 3 x the bound of a lone answer
+    assert latency.endswith(" 8 1 300 '' 3"), latency
+    assert any("1 x 3 at once x 8 tokens" in line for line in lines), lines
