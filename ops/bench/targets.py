@@ -55,6 +55,17 @@ def _level(levels: list[dict] | None, clients: int) -> dict | None:
     return next((lv for lv in levels or [] if lv.get("clients") == clients), None)
 
 
+def throughput_ceiling(one: dict, clients: int) -> float | None:
+    """The most ``clients`` answers at once can gain over one at a time on this machine, from the one-client level:
+    each first token (image encoding and prefill) takes every core, so they run one after another, while the
+    decode steps after them are shared at no extra cost (the best case of batching). One answer takes A seconds,
+    P of them to its first token: N answers take at least N*P + (A - P)."""
+    if not one.get("requests") or not one.get("first_token_p50_s"):
+        return None
+    answer, first = one["wall_s"] / one["requests"], one["first_token_p50_s"]
+    return clients * answer / (clients * first + max(answer - first, 0.0))
+
+
 def _either_way(measured: float | None) -> str:
     """Which side of a two-sided HTTP+SSE / in-process ratio is slower, for the target's note."""
     return compare(measured, "HTTP+SSE", "in-process")["summary"] if measured is not None and measured > 0 else ""
@@ -66,8 +77,12 @@ def _p95_vs_one(engine: str, four: dict, one: dict) -> Target:
     base, label = one.get("first_token_p95_s"), "p95"
     if base is None and one.get("first_token_p50_s") is not None:
         base, label = one["first_token_p50_s"], "p50 (its p95 not recorded)"
+    first = one.get("first_token_p50_s")
+    # the last of 4 first questions asked together waits for the 3 first tokens before its own (each on every core)
+    floor = f"floor on this machine {4 * first / base:.2f}x (4 first tokens one after another)" if first and base \
+        else ""
     return Target(f"c4-p95-{engine}", f"4 clients ({engine} engine): p95 first token / one client's {label}",
-                  ratio(four.get("first_token_p95_s"), base), 3.0, "x")
+                  ratio(four.get("first_token_p95_s"), base), 3.0, "x", detail=floor)
 
 
 def _vs_peer(id_: str, name: str, service: float | None, peer: float | None, fmt: Callable[[float], str]) -> Target:
@@ -167,11 +182,14 @@ def evaluate(results: dict) -> list[Target]:
         one, four = _level(levels, 1), _level(levels, 4)
         if one is None or four is None:
             continue
-        vs_best = ratio(four["tokens_per_s"], best_one)
+        vs_best, ceiling = ratio(four["tokens_per_s"], best_one), throughput_ceiling(one, 4)
+        notes = ([f"{vs_best:.2f}x the fastest engine's one client"] if vs_best is not None else []) + (
+            [f"ceiling on this machine {ceiling:.2f}x (4 first tokens one after another, each on every core)"]
+            if ceiling is not None else [])
         targets += [
             Target(f"c4-throughput-{engine}", f"4 clients ({engine} engine): aggregate tokens/s / one client's",
                    ratio(four["tokens_per_s"], one["tokens_per_s"]), 2.5, "x", higher_is_better=True,
-                   detail=f"{vs_best:.2f}x the fastest engine's one client" if vs_best is not None else ""),
+                   detail="; ".join(notes)),
             Target(f"c4-errors-{engine}", f"4 clients ({engine} engine): errors", float(four["errors"]), 0, "requests"),
             _p95_vs_one(engine, four, one),
         ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ops.bench.report import render, table
-from ops.bench.targets import Target, evaluate, summary
+from ops.bench.targets import Target, evaluate, summary, throughput_ceiling
 
 
 def results(**over) -> dict:
@@ -284,3 +284,19 @@ def test_the_report_shows_tunes_pick_under_concurrent_clients_apart_from_single_
     # single-answer rivals are not a comparison for answers under load
     assert "same run" not in load.split("\n## ")[0]
     assert by_id(evaluate(r))["tune-answer"].measured == pytest.approx(5.0 / 6.0)  # targets use the one-client tune
+
+
+def test_the_throughput_target_names_the_ceiling_the_machine_allows():
+    # run 7's batching engine alone: 2 answers in 17.43 s, first token 2.0 s. Four first tokens one after another
+    # (8.0 s) and one shared decode (6.72 s) give 4 answers in 14.72 s: at most 2.37x one client's tokens/s.
+    one = {"clients": 1, "requests": 2, "wall_s": 17.43, "tokens_per_s": 14.7, "first_token_p50_s": 2.0,
+           "first_token_p95_s": 2.0, "errors": 0}
+    assert throughput_ceiling(one, 4) == pytest.approx(4 * 8.715 / (8.0 + 6.715))
+    assert throughput_ceiling(one, 1) == pytest.approx(1.0)
+    assert throughput_ceiling({"clients": 1, "tokens_per_s": 1.0}, 4) is None  # an older run: not recorded
+    r = results()
+    r["concurrency"]["batching"] = [one, {"clients": 4, "tokens_per_s": 29.0, "first_token_p50_s": 6.3,
+                                          "first_token_p95_s": 8.2, "errors": 0}]
+    t = by_id(evaluate(r))
+    assert "ceiling on this machine 2.37x" in t["c4-throughput-batching"].detail
+    assert t["c4-p95-batching"].detail.startswith("floor on this machine 4.00x")  # p50 = p95 alone: 4 x 2.0 / 2.0
