@@ -16,7 +16,8 @@ _converges: dict[Path, object] = {}
 def site_vars(artifact: Path, python: str = "3.11") -> dict:
     """The standard fleet's variables: the tiny model as an OpenVINO artifact and as a GGUF artifact, with the
     llama.cpp runtime in the wheelhouse, so every engine can run on the hosts. The runtime is the suite's own
-    build, tuned for this CPU: the staging hosts are containers and KVM guests (-cpu host) of this machine."""
+    build, tuned for this CPU: the tests run llamacpp on c1, a container of this machine (on a VM with an emulated
+    CPU that lacks this one's ISA, the engine would refuse the build and name the fix)."""
     from ops.llamacpp import build, gguf, wheel
 
     config = build.test_config()
