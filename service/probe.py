@@ -203,12 +203,13 @@ def snapshot(root: str, service: str) -> dict[str, str]:
     """Every fact the checklist's shell-level checks read, in one process (a TCG VM pays seconds per process spawned
     over SSH): section name -> text, as the commands named in each reader print it."""
     target, python, env = _release(root)
-    model = _env_value(env, "VLFLEET_MODEL_DIR")
+    model, gguf = _env_value(env, "VLFLEET_MODEL_DIR"), _env_value(env, "VLFLEET_LLAMACPP_MODEL_DIR")
     pid = _main_pid(service)
     plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or DEFAULT_PLAN
     return {**_virt(), "flags": _first("/proc/cpuinfo", "flags"), "governors": _governors(),
             "target": target, "python": python, "env": env,
             "manifest": _read(os.path.join(model, "manifest.json")) if model else "",
+            "gguf_manifest": _read(os.path.join(gguf, "manifest.json")) if gguf else "",
             "meminfo": _read("/proc/meminfo"), "swaps": _after_header(_read("/proc/swaps")),
             **_storage(root, _cache_dir(env)), **_process(pid), "numa": _numa(pid),
             "init_limits": _lines("/proc/1/limits", "Max open files"), "plan": _read(plan),

@@ -121,7 +121,8 @@ CHECKS: tuple[Check, ...] = (
           "Set vlm_service_host / vlm_service_port in the inventory and run `" + SITE + " --tags vlm_service`; "
           "if another process holds the port, find it with `sudo ss -ltnp 'sport = :PORT'` and stop it.",
           depends_on=("SVC-ACTIVE",)),
-    Check("SVC-READYZ", ERROR, "service", "GET /readyz answers 200 (model loaded and warmed up).",
+    Check("SVC-READYZ", ERROR, "service", "GET /readyz answers 200 (model loaded and warmed up), naming the "
+          "configured artifact (VLFLEET_MODEL_DIR's; on the llamacpp engine VLFLEET_LLAMACPP_MODEL_DIR's).",
           "Read the reason in the /readyz body and `sudo journalctl -u vlfleet -n 100`; a model still loading "
           "needs time, a failed load needs the artifact fixed (see MODEL-ARTIFACT), then "
           "`sudo systemctl restart vlfleet`.",

@@ -437,17 +437,29 @@ def test_port_listens_on_configured_address_only(facts, release, record_property
     record_property("found", f"{want}:{port} only")
 
 
+def served_artifact(facts, artifact: dict, engine: str | None) -> tuple[str | None, str]:
+    """The artifact id the running engine should serve, and the variable naming it: the llamacpp engine serves
+    the GGUF artifact of VLFLEET_LLAMACPP_MODEL_DIR where the env names one."""
+    if engine == "llamacpp" and facts.get("gguf_manifest"):
+        try:
+            return json.loads(facts["gguf_manifest"]).get("artifact_id"), "VLFLEET_LLAMACPP_MODEL_DIR"
+        except ValueError:
+            return None, "VLFLEET_LLAMACPP_MODEL_DIR"
+    return artifact["artifact_id"], "VLFLEET_MODEL_DIR"
+
+
 @check("SVC-READYZ")
-def test_readyz(host, release, artifact, record_property):
+def test_readyz(host, facts, release, artifact, record_property):
     python, env = need_release(release)
     url = readyz_url(env)
     answer = probe(host, python, "readyz", url, timeout=30)
     assert answer["status"] == 200, (f"GET {url} -> {answer['status'] or answer['error']}"
                                      + (f": {json.dumps(answer['body'])[:300]}" if answer["body"] else ""))
     body = answer["body"] or {}
-    if artifact["artifact_id"] and body.get("artifact_id"):
-        assert body["artifact_id"] == artifact["artifact_id"], (
-            f"the service runs artifact {body['artifact_id']}, VLFLEET_MODEL_DIR holds {artifact['artifact_id']}: "
+    configured, variable = served_artifact(facts, artifact, body.get("engine"))
+    if configured and body.get("artifact_id"):
+        assert body["artifact_id"] == configured, (
+            f"the service runs artifact {body['artifact_id']}, {variable} holds {configured}: "
             "restart it to load the configured model")
     record_property("found", f"200, model {body.get('model')}, artifact {body.get('artifact_id')}, "
                              f"release {body.get('release_id')}")
