@@ -173,3 +173,17 @@ def runtime_wheel(build: Build, out_dir: Path | None = None) -> Path:
         return cached
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     return Path(shutil.copy2(cached, Path(out_dir) / cached.name))
+
+
+BUILD_KINDS = ("portable", "native")
+
+
+def hosts_wheel(kind: str = "portable") -> Path:
+    """The runtime wheel for a fleet's wheelhouse, built or reused: ``portable`` (every CPU variant as a backend,
+    picked at run time: hosts of any x86-64 generation) or ``native`` (tuned for this controller's CPU)."""
+    from ops.llamacpp import build
+
+    if kind not in BUILD_KINDS:
+        raise WheelError(f"llama.cpp build {kind!r}: use portable (hosts of any x86-64 CPU) or native (hosts with "
+                         "this controller's CPU)")
+    return runtime_wheel(build.build(build.default_config(native=kind == "native")))

@@ -26,15 +26,12 @@ def _llamacpp(gguf: str, build_kind: str) -> tuple[Path, Path]:
     from ops.llamacpp import gguf as gguf_mod
     from ops.llamacpp.source import SourceError
 
-    if build_kind not in ("portable", "native"):
-        raise Exit(f"site: --llamacpp-build {build_kind!r}: use portable (hosts of any x86-64 CPU) or native (hosts "
-                   "with this controller's CPU)")
-    config = build.default_config(native=build_kind == "native")
     try:
-        runtime = wheel.runtime_wheel(build.build(config))
+        runtime = wheel.hosts_wheel(build_kind)
         if gguf == "tiny":
+            config = build.default_config(native=build_kind == "native")  # its llama-quantize, already built
             return gguf_mod.cached("tiny", build_config=config), runtime
-    except (build.BuildError, gguf_mod.GgufError, SourceError) as e:
+    except (build.BuildError, wheel.WheelError, gguf_mod.GgufError, SourceError) as e:
         raise Exit(f"site: {e}") from e
     path = Path(gguf).expanduser()
     manifest = path / "manifest.json"

@@ -39,7 +39,10 @@ def test_site_gguf_refuses_what_it_cannot_ship_before_building_anything(tmp_path
     (artifact / "manifest.json").write_text("{}")
     site = [VLFLEET, "site", "--inventory", str(inventory), "--artifact", str(artifact), "--gguf", "tiny"]
     for extra, message in ((["--wheelhouse", str(tmp_path)], "leave out --wheelhouse"),
-                           (["--llamacpp-build", "fast"], "--llamacpp-build 'fast': use portable")):
+                           (["--llamacpp-build", "fast"], "llama.cpp build 'fast': use portable")):
         result = subprocess.run(site + extra, capture_output=True, text=True, timeout=120)
         assert result.returncode == 1 and message in result.stderr + result.stdout, result.stderr
         assert "Traceback" not in result.stderr
+    result = subprocess.run([VLFLEET, "wheelhouse.build", "--llamacpp", "fast"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1 and "llama.cpp build 'fast': use portable" in result.stderr, result.stderr
