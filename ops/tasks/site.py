@@ -26,18 +26,19 @@ def _llamacpp(gguf: str, build_kind: str) -> tuple[Path, Path]:
     from ops.llamacpp import gguf as gguf_mod
     from ops.llamacpp.source import SourceError
 
+    path = Path(gguf).expanduser()
+    manifest = path / "manifest.json"
+    if gguf != "tiny" and (not manifest.is_file()  # checked first: the build may take many minutes
+                           or json.loads(manifest.read_text()).get("weight_format", {}).get("format") != "gguf"):
+        raise Exit(f"--gguf {path}: not a GGUF artifact (manifest.json with weight format gguf). Make one with "
+                   "`vlfleet model.gguf`, or pass --gguf tiny with --artifact tiny")
     try:
         runtime = wheel.hosts_wheel(build_kind)
         if gguf == "tiny":
             config = build.default_config(native=build_kind == "native")  # its llama-quantize, already built
-            return gguf_mod.cached("tiny", build_config=config), runtime
+            path = gguf_mod.cached("tiny", build_config=config)
     except (build.BuildError, wheel.WheelError, gguf_mod.GgufError, SourceError) as e:
         raise Exit(f"site: {e}") from e
-    path = Path(gguf).expanduser()
-    manifest = path / "manifest.json"
-    if not manifest.is_file() or json.loads(manifest.read_text()).get("weight_format", {}).get("format") != "gguf":
-        raise Exit(f"--gguf {path}: not a GGUF artifact (manifest.json with weight format gguf). Make one with "
-                   "`vlfleet model.gguf`, or pass --gguf tiny with --artifact tiny")
     return path, runtime
 
 

@@ -37,9 +37,10 @@ def test_site_gguf_refuses_what_it_cannot_ship_before_building_anything(tmp_path
     inventory.write_text("all: {}\n")
     artifact.mkdir()
     (artifact / "manifest.json").write_text("{}")
-    site = [VLFLEET, "site", "--inventory", str(inventory), "--artifact", str(artifact), "--gguf", "tiny"]
-    for extra, message in ((["--wheelhouse", str(tmp_path)], "leave out --wheelhouse"),
-                           (["--llamacpp-build", "fast"], "llama.cpp build 'fast': use portable")):
+    site = [VLFLEET, "site", "--inventory", str(inventory), "--artifact", str(artifact)]
+    for extra, message in ((["--gguf", "tiny", "--wheelhouse", str(tmp_path)], "leave out --wheelhouse"),
+                           (["--gguf", "tiny", "--llamacpp-build", "fast"], "llama.cpp build 'fast': use portable"),
+                           (["--gguf", str(artifact)], "not a GGUF artifact")):
         result = subprocess.run(site + extra, capture_output=True, text=True, timeout=120)
         assert result.returncode == 1 and message in result.stderr + result.stdout, result.stderr
         assert "Traceback" not in result.stderr
