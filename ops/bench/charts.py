@@ -114,6 +114,16 @@ def suite_charts(results: dict, out_dir: Path) -> list[str]:
                 groups.setdefault(f"{lv['clients']} clients", [0.0] * len(engines))[i] = lv["tokens_per_s"]
         bar_chart(out_dir / "bench-concurrency.png", "Aggregate output tokens/s (int4)", groups, engines)
         made.append("bench-concurrency.png")
+    tunes = {f"{t.get('clients') or 1} at once": t for t in (results.get(k) for k in ("tune", "tune_load")) if t}
+    engines = list(dict.fromkeys(e for t in tunes.values() for e in t.get("candidates") or {}))
+    if engines:
+        # one group per load: each engine's median time to the whole answer (0 where not measured at that load)
+        groups = {label: [((t.get("candidates") or {}).get(e) or {}).get("score_s") or 0.0 for e in engines]
+                  for label, t in tunes.items()}
+        tokens = next(iter(tunes.values())).get("tokens")
+        bar_chart(out_dir / "bench-tune.png", f"vlfleet tune: seconds to a whole {tokens}-token answer", groups,
+                  engines)
+        made.append("bench-tune.png")
     levers = results.get("levers")
     if levers and any(lv["name"] == "baseline" for lv in levers):
         lever_chart(out_dir / "bench-levers.png", levers)

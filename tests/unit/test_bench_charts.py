@@ -21,3 +21,11 @@ def test_levers_chart_only_with_a_baseline(tmp_path):
 def test_nothing_measured_makes_no_chart(tmp_path):
     assert suite_charts({}, tmp_path) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tune_chart_groups_each_load_with_every_engine_measured(tmp_path):
+    one = {"tokens": 128, "candidates": {"serial": {"score_s": 9.0}, "llamacpp": {"score_s": 9.3}}}
+    four = {"tokens": 128, "clients": 4, "candidates": {"serial": {"score_s": 20.5}, "batching": {"score_s": 16.8}}}
+    assert suite_charts({"tune": one, "tune_load": four}, tmp_path) == ["bench-tune.png"]
+    assert (tmp_path / "bench-tune.png").read_bytes().startswith(PNG)
+    assert suite_charts({"tune": {"tokens": 128, "candidates": {}}}, tmp_path / "none") == []
