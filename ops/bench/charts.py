@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def bar_chart(path: Path, title: str, groups: dict[str, list[float]], series: list[str]) -> Path:
+def bar_chart(path: Path, title: str, groups: dict[str, list[float | None]], series: list[str]) -> Path:
+    """Grouped bars, one per series in each group; None is a series not measured in that group (no bar, no label)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,8 +17,8 @@ def bar_chart(path: Path, title: str, groups: dict[str, list[float]], series: li
     for i, name in enumerate(series):
         xs = [g + i * width for g in range(len(groups))]
         values = [vals[i] for vals in groups.values()]
-        bars = ax.bar(xs, values, width, label=name)
-        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+        bars = ax.bar(xs, [v or 0.0 for v in values], width, label=name)
+        ax.bar_label(bars, labels=["" if v is None else f"{v:.2f}" for v in values], fontsize=8)
     ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))], list(groups))
     ax.set_title(title)
     ax.legend()
@@ -117,8 +118,8 @@ def suite_charts(results: dict, out_dir: Path) -> list[str]:
     tunes = {f"{t.get('clients') or 1} at once": t for t in (results.get(k) for k in ("tune", "tune_load")) if t}
     engines = list(dict.fromkeys(e for t in tunes.values() for e in t.get("candidates") or {}))
     if engines:
-        # one group per load: each engine's median time to the whole answer (0 where not measured at that load)
-        groups = {label: [((t.get("candidates") or {}).get(e) or {}).get("score_s") or 0.0 for e in engines]
+        # one group per load: each engine's median time to the whole answer (None where not measured at that load)
+        groups = {label: [((t.get("candidates") or {}).get(e) or {}).get("score_s") for e in engines]
                   for label, t in tunes.items()}
         tokens = next(iter(tunes.values())).get("tokens")
         bar_chart(out_dir / "bench-tune.png", f"vlfleet tune: seconds to a whole {tokens}-token answer", groups,

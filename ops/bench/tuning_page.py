@@ -96,7 +96,18 @@ def concurrency_section(runs: list[tuple[str, dict]]) -> list[str]:
     return ["### Engine under concurrent traffic", "", _source(path, r), "",
             table(["engine", "clients", "output tokens/s", "p95 first token (s)", "errors"], rows), "",
             f"Most output tokens/s at 4 clients: **{_fastest(at4)}**. On a host that mostly answers one user at a "
-            "time, the table above decides.", ""]
+            "time, the table above decides.", "", *_tune_under_load(runs)]
+
+
+def _tune_under_load(runs: list[tuple[str, dict]]) -> list[str]:
+    """What `vlfleet tune --clients N` picked in the newest run that measured it: the pick for such a host."""
+    found = _newest(runs, lambda r: bool(r.get("tune_load")))
+    if not found:
+        return []
+    path, r = found
+    load = r["tune_load"]
+    return [f"`vlfleet tune --clients {load.get('clients')}` picks **{load.get('engine')}** on the CPU of "
+            f"[{path}](../{path}) ({load.get('why')}): tune a host whose users come together with that option.", ""]
 
 
 def images_section(runs: list[tuple[str, dict]]) -> list[str]:
