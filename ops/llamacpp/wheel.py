@@ -178,12 +178,13 @@ def runtime_wheel(build: Build, out_dir: Path | None = None) -> Path:
 BUILD_KINDS = ("portable", "native")
 
 
-def hosts_wheel(kind: str = "portable") -> Path:
+def hosts_wheel(kind: str = "portable", out_dir: Path | None = None) -> Path:
     """The runtime wheel for a fleet's wheelhouse, built or reused: ``portable`` (every CPU variant as a backend,
-    picked at run time: hosts of any x86-64 generation) or ``native`` (tuned for this controller's CPU)."""
+    picked at run time: hosts of any x86-64 generation) or ``native`` (tuned for this controller's CPU); copied
+    into ``out_dir`` when given."""
     from ops.llamacpp import build
 
     if kind not in BUILD_KINDS:
         raise WheelError(f"llama.cpp build {kind!r}: use portable (hosts of any x86-64 CPU) or native (hosts with "
                          "this controller's CPU)")
-    return runtime_wheel(build.build(build.default_config(native=kind == "native")))
+    return runtime_wheel(build.build(build.default_config(native=kind == "native")), out_dir)

@@ -49,14 +49,13 @@ def wheel(c, portable=False, out=None):
     absent); print the wheel's path."""
     from pathlib import Path
 
-    from ops.llamacpp import build as build_mod
+    from ops.llamacpp.build import BuildError
     from ops.llamacpp.source import SourceError
-    from ops.llamacpp.wheel import WheelError, runtime_wheel
+    from ops.llamacpp.wheel import WheelError, hosts_wheel
 
     try:
-        done = build_mod.build(build_mod.default_config(native=not portable))
-        path = runtime_wheel(done, Path(out) if out else None)
-    except (build_mod.BuildError, SourceError, WheelError) as e:
+        path = hosts_wheel("portable" if portable else "native", Path(out) if out else None)
+    except (BuildError, SourceError, WheelError) as e:
         raise Exit(f"llamacpp.wheel: {e}") from None
     except OSError as e:
         raise Exit(f"llamacpp.wheel: cannot write the wheel: {e}") from None

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.engine.genai import cpu_flags
 from service.engine.llamacpp_api import Endpoint
 
 log = logging.getLogger("vlfleet.llamacpp")
@@ -83,13 +84,6 @@ def server_binary(configured: Path | None) -> Path:
     if package is not None:
         check_isa(Path(found), package.server(), package.BUILD.get("requires_isa", []))
     return Path(found)
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    for line in cpuinfo.read_text().splitlines():
-        if line.split(":", 1)[0].strip() == "flags":
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def check_isa(binary: Path, packaged: Path, required: list[str], cpuinfo: Path = Path("/proc/cpuinfo")) -> None:
