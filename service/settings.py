@@ -134,6 +134,12 @@ FIELDS: tuple[Field, ...] = (
           "Precision of the language model's KV cache (KV_CACHE_PRECISION). auto = the CPU plugin's default (u8 on "
           "x86: a quarter of f32's memory and bandwidth per cached token); the bench's levers table measures the "
           "others on its CPU.", "auto, u8, f16, bf16 or f32"),
+    Field("dq_group_size", _choice("auto", "0", "32", "64", "128"), "auto",
+          "Group size of the CPU plugin's dynamic quantisation (DYNAMIC_QUANTIZATION_GROUP_SIZE): activations "
+          "of int4/int8 matmuls go to int8 in groups of this many values, so they run on the int8 kernels (VNNI, AMX). "
+          "auto = 128 on CPUs with VNNI, the int4 conversion's own group size (the image encode and prompt prefill "
+          "faster than the plugin's default 32, measured in the bench's levers table), else the plugin's default; "
+          "0 = off.", "auto, 0, 32, 64 or 128"),
     Field("http_threads", _int_range(2, 256), 16,
           "gunicorn threads in the one worker process (each open SSE stream holds one).", "an integer 2-256"),
     Field("queue_size", _int_range(1, 1024), 8,

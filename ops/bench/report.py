@@ -176,6 +176,29 @@ def tune_section(results: dict, key: str = "tune") -> list[str]:
                    "peak RSS (GB)", "ready after (s)", "note"], rows), ""]
 
 
+def compute_section(results: dict) -> list[str]:
+    c = dig(results, "machine_limit", "compute")
+    if not c:
+        return []
+    rows = [[k["name"], "x".join(map(str, k["shape"])), num(k["flops_per_s"] / 1e9, 0)] for k in c["kernels"]]
+    out = ["Matrix multiplication throughput (OpenVINO CPU kernels, the model's MLP shapes: rows x input x output, "
+           "best of 6 runs each):", "", table(["weights, compute precision", "shape", "GFLOP/s"], rows), ""]
+    floor = c.get("first_token")
+    if floor:
+        first = dig(results, "service", "int4", "image_416", "first_token_s")
+        peak = c["peak"]
+        out += [table(["first token (416x277)", "vision GFLOP", "language model GFLOP", "at (GFLOP/s)", "floor (s)",
+                       "measured (s)", "measured / floor"],
+                      [["int4 service", num(floor["vision_flops"] / 1e9, 0), num(floor["language_flops"] / 1e9, 0),
+                        f"{num(peak['flops_per_s'] / 1e9, 0)} ({peak['name']})", num(floor["seconds"]),
+                        num(first), num(ratio(first, floor["seconds"]), 2, "x")]]), "",
+                f"The floor is the prompt's multiply-accumulates ({floor['patches']} image patches through the vision "
+                f"tower, {floor['prompt_tokens']} prompt tokens through the language model) at the fastest rate "
+                "above; normalisation, activations and image preparation are left out, so no engine on these "
+                "kernels gets below it (ops/bench/compute.py).", ""]
+    return out
+
+
 def render(results: dict, charts: list[str] | None = None) -> str:
     meta = results.get("meta", {})
     out = [f"# vlfleet bench: {meta.get('started', '')}", ""]
@@ -229,6 +252,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
         if limit.get("kv_bytes_per_token"):
             out += [f"KV cache read per token at the end of the answer: "
                     f"{limit['kv_bytes_per_token'] / 1e6:.1f} MB (u8), not in the floor.", ""]
+        out += compute_section(results)
     images = dig(results, "service", "int4", "images")
     if images:
         # model_size: computed from the service's image preparation; older runs wrote the size the model saw as

@@ -16,14 +16,15 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from ops.bench import bandwidth, baseline, concurrency, llama_server, service_overhead, targets, workload
+from ops.bench import bandwidth, baseline, compute, concurrency, llama_server, service_overhead, targets, workload
 from ops.bench.charts import suite_charts
 from ops.bench.report import render
 from ops.bench.server import Server, model_size
+from service.prompt_limits import VisionGrid
 
 SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead", "peer", "tune",
             "tune_load")
@@ -221,6 +222,11 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
                 f"{limit['floor_ms_per_token'][fmt]:.1f} ms/token")
         config = json.loads((artifact("int4") / "config.json").read_text())
         limit["kv_bytes_per_token"] = bandwidth.kv_bytes_per_token(config, 200 + plan.tokens)
+        kernels = compute.measure_kernels(config, say)
+        best = max(kernels, key=lambda k: k.flops_per_s)
+        limit["compute"] = {"kernels": [k.as_dict() for k in kernels], "peak": best.as_dict(),
+                            "flop_model": asdict(compute.FlopModel.of_config(config)),
+                            "vision_grid": asdict(VisionGrid.of_model(artifact("int4")))}
         results["machine_limit"] = limit
 
     def baselines() -> None:
@@ -255,6 +261,7 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
             say(f"int4 ready after {s.cold_start_s:.1f}s")
             entry["cold_start_s"] = s.cold_start_s
             entry["image_416"] = _answers(s.url, plan, 416, 277, 0, say, "int4 416x277")
+            entry["image_416"]["model_size"] = seen_size(s, 416, 277)
             section("images", lambda: images(s, entry))
             section("followup", lambda: entry.update(followup=_followup(s.url, plan, say)))
             entry["peak_rss_bytes"] = s.peak_rss()["worker"]
@@ -341,7 +348,20 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
     return _finish(results, plan, say)
 
 
+def _first_token_floor(results: dict) -> None:
+    """The compute floor of the int4 service's 416x277 first question, once both it and the machine ran."""
+    c = targets.dig(results, "machine_limit", "compute")
+    svc = targets.dig(results, "service", "int4", "image_416") or {}
+    if not c or not svc.get("prompt_tokens") or not svc.get("model_size"):
+        return
+    width, height = (int(v) for v in svc["model_size"].split("x"))
+    flops = compute.FlopModel(**c["flop_model"])
+    patches = VisionGrid(**c["vision_grid"]).tokens(width, height) * flops.merge ** 2
+    c["first_token"] = compute.first_token_floor(flops, c["peak"]["flops_per_s"], patches, int(svc["prompt_tokens"]))
+
+
 def _finish(results: dict, plan: Plan, say: Progress) -> dict:
+    _first_token_floor(results)
     results["targets"] = [t.as_dict() for t in targets.evaluate(results)]
     results["meta"]["elapsed_s"] = time.monotonic() - say.started
     write(results, plan.out)
@@ -439,6 +459,10 @@ LEVERS: tuple[tuple[str, str, dict[str, str], str], ...] = (
     ("precision", "VLFLEET_PRECISION=f32", {"VLFLEET_PRECISION": "f32"}, "int4"),
     # The language model's own precision: auto is f32 on bf16+VNNI CPUs, so bf16 here is the A/B against it.
     ("precision", "VLFLEET_LM_PRECISION=bf16 (vision encoder on auto)", {"VLFLEET_LM_PRECISION": "bf16"}, "int4"),
+    # Dynamic quantisation: auto is groups of 128 on VNNI CPUs, so these are the A/B against it.
+    ("dynamic quantisation", "VLFLEET_DQ_GROUP_SIZE=32 (the plugin's default)", {"VLFLEET_DQ_GROUP_SIZE": "32"},
+     "int4"),
+    ("dynamic quantisation", "VLFLEET_DQ_GROUP_SIZE=0 (off)", {"VLFLEET_DQ_GROUP_SIZE": "0"}, "int4"),
     # The plugin's default KV cache is u8; wider caches cost bandwidth per decoded token but skip its quantisation.
     ("KV cache", "VLFLEET_KV_PRECISION=f16", {"VLFLEET_KV_PRECISION": "f16"}, "int4"),
     ("KV cache", "VLFLEET_KV_PRECISION=f32", {"VLFLEET_KV_PRECISION": "f32"}, "int4"),

@@ -90,7 +90,7 @@ def test_the_genai_engine_encodes_every_image_of_every_prompt(tiny_model, tmp_pa
 
 def _settings(model_dir) -> types.SimpleNamespace:
     return types.SimpleNamespace(model_dir=model_dir, device="CPU", threads=0, precision="f32", lm_precision="f32",
-                                 kv_precision="auto", model_cache_dir=None, image_cache_mb=64)
+                                 dq_group_size="auto", kv_precision="auto", model_cache_dir=None, image_cache_mb=64)
 
 
 def _conversation(question: str) -> Conversation:

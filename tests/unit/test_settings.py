@@ -42,6 +42,13 @@ def _auto_lm() -> dict:
     return {"MODEL_PROPERTIES": LM_F32} if flags & set(BF16) and flags & set(VNNI) else {}
 
 
+def _auto_dq() -> dict:
+    """The default dynamic-quantisation group on this machine's CPU: 128 where it has VNNI."""
+    from service.engine.genai import VNNI, cpu_flags
+
+    return {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 128} if cpu_flags() & set(VNNI) else {}
+
+
 @pytest.mark.parametrize(("env", "expected"), [
     ({}, _auto_lm()),
     ({"VLFLEET_PRECISION": "bf16"}, {"INFERENCE_PRECISION_HINT": "bf16"}),  # an explicit precision wins
@@ -54,7 +61,7 @@ def _auto_lm() -> dict:
 def test_openvino_properties_come_from_the_settings(env, expected):
     from service.engine import pipeline_properties
 
-    assert pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", **env})) == expected
+    assert pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", **env})) == {**_auto_dq(), **expected}
 
 
 AVX2 = {"avx2", "fma", "f16c"}
@@ -90,6 +97,22 @@ def test_language_model_properties(env, language_model, monkeypatch):
     monkeypatch.setattr(genai, "cpu_flags", lambda: AVX2)
     props = genai.pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", **env}))
     assert props.get("MODEL_PROPERTIES", {}).get("language_model") == language_model
+
+
+@pytest.mark.parametrize(("setting", "flags", "expected"), [
+    ("auto", AVX2, None),  # no VNNI: the plugin's own default
+    ("auto", AVX512_BF16, 128),
+    ("auto", AMX, 128),
+    ("0", AVX512_BF16, 0),
+    ("32", AVX2, 32),
+])
+def test_dynamic_quantisation_group_follows_the_cpu(setting, flags, expected, monkeypatch):
+    from service.engine import genai
+    from service.settings import load
+
+    monkeypatch.setattr(genai, "cpu_flags", lambda: flags)
+    props = genai.pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_DQ_GROUP_SIZE": setting}))
+    assert props.get("DYNAMIC_QUANTIZATION_GROUP_SIZE") == expected
 
 
 def test_kv_precision_refuses_what_the_plugin_does_not_take():
