@@ -71,9 +71,11 @@ class Kernel:
         return asdict(self)
 
 
-# (weights, INFERENCE_PRECISION_HINT): int4/int8 weights with an f32 hint take the plugin's dynamic quantisation
-# (activations to int8, VNNI / AMX-INT8 where the CPU has them); bf16 uses AVX512_BF16 / AMX-BF16 where present.
-VARIANTS = (("fp32", "f32"), ("fp32", "bf16"), ("int8", "f32"), ("int8", "bf16"), ("int4", "f32"), ("int4", "bf16"))
+# (weights, INFERENCE_PRECISION_HINT, DYNAMIC_QUANTIZATION_GROUP_SIZE or None for the plugin's default): int4/int8
+# weights with an f32 hint take the plugin's dynamic quantisation (activations to int8, VNNI / AMX-INT8 where the CPU
+# has them); bf16 uses AVX512_BF16 / AMX-BF16 where present.
+VARIANTS = (("fp32", "f32", None), ("fp32", "bf16", None), ("int8", "f32", None), ("int8", "f32", 128),
+            ("int8", "bf16", None), ("int4", "f32", None), ("int4", "f32", 128), ("int4", "bf16", None))
 
 
 def _matmul_model(rows: int, width: int, out: int, weights: str):
@@ -95,13 +97,16 @@ def _matmul_model(rows: int, width: int, out: int, weights: str):
         return nncf.compress_weights(model, mode=mode, **kwargs)
 
 
-def time_matmul(rows: int, width: int, out: int, weights: str, precision: str, repeats: int = 6) -> float:
+def time_matmul(rows: int, width: int, out: int, weights: str, precision: str, dq_group: int | None = None,
+                repeats: int = 6) -> float:
     """FLOP/s of the fastest of ``repeats`` runs (after one warm-up) of x(rows, width) @ W(out, width)^T."""
     import numpy as np
     import openvino as ov
 
-    compiled = ov.Core().compile_model(_matmul_model(rows, width, out, weights), "CPU",
-                                       {"INFERENCE_PRECISION_HINT": precision})
+    properties: dict = {"INFERENCE_PRECISION_HINT": precision}
+    if dq_group is not None:
+        properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = dq_group
+    compiled = ov.Core().compile_model(_matmul_model(rows, width, out, weights), "CPU", properties)
     request = compiled.create_infer_request()
     x = np.random.default_rng(1).standard_normal((1, rows, width)).astype(np.float32)
     request.infer({0: x})
@@ -123,10 +128,11 @@ def layer_shapes(config: dict, rows: int = 512) -> list[tuple[int, int, int]]:
 def measure_kernels(config: dict, say=lambda _m: None) -> list[Kernel]:
     kernels = []
     for shape in layer_shapes(config):
-        for weights, precision in VARIANTS:
-            rate = time_matmul(*shape, weights, precision)
-            kernels.append(Kernel(f"{weights} weights, {precision}", shape, rate))
-            say(f"matmul {'x'.join(map(str, shape))} {weights} weights, {precision}: {rate / 1e9:.0f} GFLOP/s")
+        for weights, precision, dq_group in VARIANTS:
+            rate = time_matmul(*shape, weights, precision, dq_group)
+            name = f"{weights} weights, {precision}" + (f", dynamic quantisation groups of {dq_group}" * bool(dq_group))
+            kernels.append(Kernel(name, shape, rate))
+            say(f"matmul {'x'.join(map(str, shape))} {name}: {rate / 1e9:.0f} GFLOP/s")
     return kernels
 
 

@@ -54,9 +54,9 @@ def test_flops_grow_with_the_prompt_and_the_image():
     assert floor["seconds"] == pytest.approx((f.vision_flops(64) + f.language_flops(30)) / 1e9)
 
 
-@pytest.mark.parametrize("weights", ["fp32", "int8", "int4"])
-def test_matmul_throughput_is_measured_on_the_real_kernels(weights):
-    rate = compute.time_matmul(64, 256, 256, weights, "f32", repeats=2)
+@pytest.mark.parametrize(("weights", "dq_group"), [("fp32", None), ("int8", None), ("int4", 128)])
+def test_matmul_throughput_is_measured_on_the_real_kernels(weights, dq_group):
+    rate = compute.time_matmul(64, 256, 256, weights, "f32", dq_group, repeats=2)
     assert math.isfinite(rate) and rate > 0
 
 
