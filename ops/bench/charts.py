@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ops.bench.stats import lever_defaults
+
 
 def bar_chart(path: Path, title: str, groups: dict[str, list[float | None]], series: list[str]) -> Path:
     """Grouped bars, one per series in each group; None is a series not measured in that group (no bar, no label)."""
@@ -59,8 +61,8 @@ def lever_chart(path: Path, levers: list[dict]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    base = next(lv for lv in levers if lv["name"] == "baseline")
-    rows = [lv for lv in levers if lv is not base]
+    base = lever_defaults(levers)
+    rows = [lv for lv in levers if lv["name"] != "baseline"]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
     for i, (key, label) in enumerate((("ms_per_token", "ms/token"), ("first_token_s", "first token"))):
         ys = [r + i * 0.4 for r in range(len(rows))]

@@ -48,3 +48,14 @@ def compare(ratio: float, name: str, other: str, tolerance: float = TOLERANCE) -
     text += f" ({'within' if ok else 'not within'} {100 * tolerance:g} %)"
     return {"ratio": ratio, "within": ok, "slower": None if ratio == 1 else slower,
             "slower_by_percent": 100 * by, "summary": text}
+
+
+def lever_defaults(levers: list[dict]) -> dict | None:
+    """The service defaults a lever is compared with: the faster of the baseline rows, per metric.
+
+    The levers section measures the defaults first and again last, so a machine that drifts during the section
+    cannot make a lever look better than the defaults it was really measured beside."""
+    bases = [lv for lv in levers if lv["name"] == "baseline"]
+    if not bases:
+        return None
+    return {key: min(b[key] for b in bases) for key in ("first_token_s", "ms_per_token")}

@@ -472,6 +472,8 @@ LEVERS: tuple[tuple[str, str, dict[str, str], str], ...] = (
     ("weight format", "int4 symmetric (--sym, group size 128)", {}, "int4-sym"),
     ("image budget", "VLFLEET_IMAGE_MAX_SIDE=320 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "320"}, "int4"),
     ("image budget", "VLFLEET_IMAGE_MAX_SIDE=448 (1200x800 image)", {"VLFLEET_IMAGE_MAX_SIDE": "448"}, "int4"),
+    # The defaults again: a machine that slowed down or sped up during the section shows here (stats.lever_defaults).
+    ("baseline", "service defaults, again after the others", {}, "int4"),
 )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ops.bench.report import gb, num, table
-from ops.bench.stats import TOLERANCE, ratio
+from ops.bench.stats import TOLERANCE, lever_defaults, ratio
 from ops.bench.targets import dig
 
 HEADER = """# Tuning: what to pick for which CPU and which traffic
@@ -153,12 +153,12 @@ def levers_section(runs: list[tuple[str, dict]]) -> list[str]:
         return []
     path, r = found
     levers = r["levers"]
-    base = next((lv for lv in levers if lv["name"] == "baseline"), None)
+    base = lever_defaults(levers)
     rows = [[lv["name"], lv["setting"], num(lv["first_token_s"]),
              num(ratio(lv["first_token_s"], base and base["first_token_s"]), 2, "x"), num(lv["ms_per_token"], 1),
              num(ratio(lv["ms_per_token"], base and base["ms_per_token"]), 2, "x"), gb(lv.get("peak_rss_bytes"))]
             for lv in levers]
-    better = [lv["setting"] for lv in levers if base and lv is not base and _better(lv, base)]
+    better = [lv["setting"] for lv in levers if base and lv["name"] != "baseline" and _better(lv, base)]
     advice = (f"First token or decode more than {TOLERANCE:.0%} faster than the defaults, the other no more than "
               f"{TOLERANCE:.0%} slower, here: {'; '.join(better)}." if better else
               f"No lever beat the defaults by more than {TOLERANCE:.0%} here (run-to-run noise is about that): "

@@ -41,3 +41,17 @@ def test_each_cpu_class_gets_its_own_advice_from_its_newest_run(tmp_path):
     assert "here: VLFLEET_PRECISION=f32." in avx2
     assert "THREADS=1." not in avx2
 
+
+
+def test_a_lever_must_beat_the_defaults_measured_at_both_ends(tmp_path):
+    """A machine that was slow while the first baseline ran must not turn every later row into advice."""
+    results = tmp_path / "results"
+    write(results, "drift", "2026-11-03 10:00", AVX2, levers=[
+        lever("baseline", "service defaults", 2.0, 100.0),  # slow start of the section
+        lever("KV cache", "VLFLEET_KV_PRECISION=f16", 1.6, 98.0),  # only as fast as the defaults measured later
+        lever("dynamic quantisation", "VLFLEET_DQ_GROUP_SIZE=32", 2.0, 97.0),
+        lever("baseline", "service defaults, again after the others", 1.6, 97.0)])
+    md = render(results)
+    assert "No lever beat the defaults" in md
+    assert "| KV cache | VLFLEET_KV_PRECISION=f16 | 1.60 | 1.00x |" in md
+    assert "| dynamic quantisation | VLFLEET_DQ_GROUP_SIZE=32 | 2.00 | 1.25x |" in md
