@@ -63,7 +63,7 @@ class FlopModel:
 
 @dataclass(frozen=True)
 class Kernel:
-    name: str  # weight format and compute precision, e.g. "int8 weights, f32 (dynamic quantisation)"
+    name: str  # weight format and compute precision, e.g. "int8 weights, f32, dynamic quantisation groups of 128"
     shape: tuple[int, int, int]  # rows x input width x output width
     flops_per_s: float
 
@@ -130,7 +130,9 @@ def measure_kernels(config: dict, say=lambda _m: None) -> list[Kernel]:
     for shape in layer_shapes(config):
         for weights, precision, dq_group in VARIANTS:
             rate = time_matmul(*shape, weights, precision, dq_group)
-            name = f"{weights} weights, {precision}" + (f", dynamic quantisation groups of {dq_group}" * bool(dq_group))
+            name = f"{weights} weights, {precision}"
+            if dq_group:
+                name += f", dynamic quantisation groups of {dq_group}"
             kernels.append(Kernel(name, shape, rate))
             say(f"matmul {'x'.join(map(str, shape))} {name}: {rate / 1e9:.0f} GFLOP/s")
     return kernels
