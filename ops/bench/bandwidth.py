@@ -9,11 +9,12 @@ stored, int4/int8 packing, scales and zero points included), not from a paramete
 from __future__ import annotations
 
 import os
-import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ops.bench.stats import best_rate
 
 LANGUAGE_MODEL_XML = "openvino_language_model.xml"
 
@@ -90,15 +91,6 @@ class Bandwidth:
         return asdict(self)
 
 
-def _best_pass(fn, passes: int, nbytes: int) -> float:
-    best = float("inf")
-    for _ in range(passes):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
-    return nbytes / best
-
-
 def measure_bandwidth(gib: float = 1.0, passes: int = 5, threads: int | None = None) -> Bandwidth:
     """Read bandwidth: best of ``passes`` reads of a ``gib`` GiB array, on one thread and on ``threads``.
 
@@ -115,6 +107,6 @@ def measure_bandwidth(gib: float = 1.0, passes: int = 5, threads: int | None = N
     one = parallel = 0.0
     with ThreadPoolExecutor(threads) as pool:
         for kernel in kernels:
-            one = max(one, _best_pass(lambda k=kernel: k(data), passes, data.nbytes))
-            parallel = max(parallel, _best_pass(lambda k=kernel: list(pool.map(k, chunks)), passes, data.nbytes))
+            one = max(one, best_rate(lambda k=kernel: k(data), passes, data.nbytes))
+            parallel = max(parallel, best_rate(lambda k=kernel: list(pool.map(k, chunks)), passes, data.nbytes))
     return Bandwidth(one, parallel, threads, data.nbytes, passes)

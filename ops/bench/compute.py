@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import time
 from dataclasses import asdict, dataclass
+
+from ops.bench.stats import best_rate
+
+REPEATS = 6  # timed runs per kernel, after one warm-up; the fastest counts
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def _matmul_model(rows: int, width: int, out: int, weights: str):
 
 
 def time_matmul(rows: int, width: int, out: int, weights: str, precision: str, dq_group: int | None = None,
-                repeats: int = 6) -> float:
+                repeats: int = REPEATS) -> float:
     """FLOP/s of the fastest of ``repeats`` runs (after one warm-up) of x(rows, width) @ W(out, width)^T."""
     import numpy as np
     import openvino as ov
@@ -110,12 +113,7 @@ def time_matmul(rows: int, width: int, out: int, weights: str, precision: str, d
     request = compiled.create_infer_request()
     x = np.random.default_rng(1).standard_normal((1, rows, width)).astype(np.float32)
     request.infer({0: x})
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        request.infer({0: x})
-        best = min(best, time.perf_counter() - started)
-    return 2.0 * rows * width * out / best
+    return best_rate(lambda: request.infer({0: x}), repeats, 2.0 * rows * width * out)
 
 
 def layer_shapes(config: dict, rows: int = 512) -> list[tuple[int, int, int]]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -23,6 +24,17 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
     return numerator / denominator
+
+
+def best_rate(fn: Callable[[], object], passes: int, work: float) -> float:
+    """``work`` (bytes, FLOPs) per second of the fastest of ``passes`` calls of ``fn``: the machine's limit, not its
+    average, since anything else running only ever slows a pass down."""
+    best = float("inf")
+    for _ in range(passes):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return work / best
 
 
 TOLERANCE = 0.05  # "within 5 %": HTTP+SSE vs in-process, either way

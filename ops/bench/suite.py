@@ -220,13 +220,14 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
             limit["floor_ms_per_token"][fmt] = bandwidth.floor_ms_per_token(w.total, bw.all_threads)
             say(f"{fmt}: {w.total / 1e9:.3f} GB of language-model weights per token -> floor "
                 f"{limit['floor_ms_per_token'][fmt]:.1f} ms/token")
-        config = json.loads((artifact("int4") / "config.json").read_text())
+        int4 = artifact("int4")
+        config = json.loads((int4 / "config.json").read_text())
         limit["kv_bytes_per_token"] = bandwidth.kv_bytes_per_token(config, 200 + plan.tokens)
         kernels = compute.measure_kernels(config, say)
         best = max(kernels, key=lambda k: k.flops_per_s)
         limit["compute"] = {"kernels": [k.as_dict() for k in kernels], "peak": best.as_dict(),
-                            "flop_model": asdict(compute.FlopModel.of_config(config)),
-                            "vision_grid": asdict(VisionGrid.of_model(artifact("int4")))}
+                            "repeats": compute.REPEATS, "flop_model": asdict(compute.FlopModel.of_config(config)),
+                            "vision_grid": asdict(VisionGrid.of_model(int4))}
         results["machine_limit"] = limit
 
     def baselines() -> None:
