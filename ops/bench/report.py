@@ -200,6 +200,31 @@ def compute_section(results: dict) -> list[str]:
     return out
 
 
+DECODE_PARTS = {"lm_head": "lm_head matmul", "matmuls": "decoder layers' matmuls",
+                "attention": "attention over the KV cache", "other": "everything else"}
+
+
+def decode_section(results: dict) -> list[str]:
+    d = dig(results, "machine_limit", "decode")
+    if not d:
+        return []
+    bus = dig(results, "machine_limit", "bandwidth", "all_threads")
+    w = dig(results, "machine_limit", "weights", "int4")
+    read = {"lm_head": w["lm_head"], "matmuls": w["total"] - w["lm_head"]}
+    rows = []
+    for part, label in DECODE_PARTS.items():
+        share, rate = d["shares"].get(part, 0.0), d["stream_bytes_per_s"].get(part)
+        rows.append([label, num(100 * share, 0, " %"), num(share * d["ms_per_token"], 1),
+                     gb(read[part]) if part in read else "", num(rate / GB, 1) if rate else "",
+                     num(ratio(rate, bus), 2, "x") if rate else ""])
+    return [f"int4 decode step in process (the language model's IR with the service's properties, {d['prompt_tokens']} "
+            f"tokens of context, median of {d['steps']} steps): {d['ms_per_token']:.1f} ms. Shares from the CPU "
+            f"plugin's per-node counters; matmul kernels: {', '.join(d['kernels'])}.", "",
+            table(["part", "share", "ms/token", "weights read (GB)", "streamed at (GB/s)", "vs read bandwidth"], rows),
+            "", "A part whose weights stream well below the read bandwidth is held back by its kernel (unpacking and "
+            "scaling the weights as they arrive), not by the memory bus (ops/bench/decode_profile.py).", ""]
+
+
 def render(results: dict, charts: list[str] | None = None) -> str:
     meta = results.get("meta", {})
     out = [f"# vlfleet bench: {meta.get('started', '')}", ""]
@@ -253,7 +278,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
         if limit.get("kv_bytes_per_token"):
             out += [f"KV cache read per token at the end of the answer: "
                     f"{limit['kv_bytes_per_token'] / 1e6:.1f} MB (u8), not in the floor.", ""]
-        out += compute_section(results)
+        out += compute_section(results) + decode_section(results)
     images = dig(results, "service", "int4", "images")
     if images:
         # model_size: computed from the service's image preparation; older runs wrote the size the model saw as

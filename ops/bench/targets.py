@@ -156,6 +156,17 @@ def first_token_floor_note(results: dict, baseline_s: float | None) -> str:
     return f"compute floor on this machine {floor:.2f} s" + (f" = {vs:.2f}x" if vs is not None else "")
 
 
+def decode_note(results: dict) -> str:
+    """How fast the decoder layers' int4 weights stream in process (ops.bench.decode_profile), against the read
+    bandwidth the floor assumes: the kernel's share of the gap."""
+    rate = dig(results, "machine_limit", "decode", "stream_bytes_per_s", "matmuls")
+    bus = dig(results, "machine_limit", "bandwidth", "all_threads")
+    if not rate or not bus:
+        return ""
+    return f"in process the decoder's int4 matmuls stream their weights at {rate / 1e9:.1f} GB/s = {rate / bus:.2f}x " \
+           "the read bandwidth"
+
+
 def evaluate(results: dict) -> list[Target]:
     svc = dig(results, "service", "int4", "image_416") or {}
     first = svc.get("first_token_s")
@@ -175,7 +186,7 @@ def evaluate(results: dict) -> list[Target]:
         Target("first-abs", "first token, int4 service (absolute, this machine)", first, 1.2, "s",
                detail=first_token_floor_note(results, None)),
         Target("tpot-vs-floor", "ms per token, int4 service / bandwidth floor", ratio(ms, floor), 1.15, "x",
-               detail=f"floor {floor:.1f} ms/token" if floor else ""),
+               detail="; ".join(filter(None, [f"floor {floor:.1f} ms/token" if floor else "", decode_note(results)]))),
         Target("rss-vs-fp32", "server peak RSS, int4 / transformers fp32", ratio(rss, fp32.get("peak_rss_bytes")),
                0.30, "x"),
         Target("followup", "follow-up first token / first question's",
