@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ops.bench.bandwidth import LANGUAGE_MODEL_XML, WeightBytes
+from ops.bench.bandwidth import LANGUAGE_MODEL_XML
 
 MATMULS = ("FullyConnected", "FullyConnectedCompressed", "MatMul")
 
@@ -39,30 +39,32 @@ class DecodeProfile:
     def ms(self, part: str) -> float:
         return self.shares.get(part, 0.0) * self.ms_per_token
 
-    def stream_rates(self, weights: WeightBytes) -> dict[str, float]:
-        """Bytes/s each part's weights stream at: the lm_head's, and everything else's in the decoder's matmuls."""
-        parts = {"lm_head": weights.lm_head, "matmuls": weights.total - weights.lm_head}
-        return {part: size / (self.ms(part) / 1000) for part, size in parts.items() if self.ms(part) > 0}
+    def stream_rates(self, weights: dict) -> dict[str, float]:
+        """Bytes/s each part's weights stream at, from ``WeightBytes.as_dict()`` of the profiled artifact."""
+        return {part: size / (self.ms(part) / 1000) for part, size in weights_by_part(weights).items()
+                if self.ms(part) > 0}
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def lm_properties(pipeline_properties: dict) -> dict:
-    """The language model's compile properties from the pipeline's: the global ones with its own on top."""
-    properties = {k: v for k, v in pipeline_properties.items() if k not in ("MODEL_PROPERTIES", "CACHE_DIR")}
-    properties.update(pipeline_properties.get("MODEL_PROPERTIES", {}).get("language_model", {}))
-    return properties
+def weights_by_part(weights: dict) -> dict[str, int]:
+    """Bytes each weight-reading part reads per step (``WeightBytes.as_dict()``): the lm_head's, and every other
+    constant of the language model, which is the decoder's matmuls' weights."""
+    return {"lm_head": weights["lm_head"], "matmuls": weights["total"] - weights["lm_head"]}
 
 
 def service_lm_properties(artifact: Path) -> dict:
-    """What a service started from this environment on ``artifact`` would compile its language model with."""
+    """What the direct engine, started from this environment on ``artifact``, compiles its language model with (the
+    compiled-model cache left out: the profile compiles afresh)."""
     import os
 
     from service import settings
-    from service.engine.genai import pipeline_properties
+    from service.engine.direct_pipeline import split_properties
 
-    return lm_properties(pipeline_properties(settings.load({**os.environ, "VLFLEET_MODEL_DIR": str(artifact)})))
+    _, properties = split_properties(settings.load({**os.environ, "VLFLEET_MODEL_DIR": str(artifact)}))
+    properties.pop("CACHE_DIR", None)
+    return properties
 
 
 def profile_decode(artifact: Path, properties: dict, prompt_tokens: int = 150, steps: int = 24,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ops.bench.decode_profile import weights_by_part
 from ops.bench.stats import TOLERANCE, ratio
 from ops.bench.targets import Target, answer_rivals, dig, summary
 
@@ -209,8 +210,7 @@ def decode_section(results: dict) -> list[str]:
     if not d:
         return []
     bus = dig(results, "machine_limit", "bandwidth", "all_threads")
-    w = dig(results, "machine_limit", "weights", "int4")
-    read = {"lm_head": w["lm_head"], "matmuls": w["total"] - w["lm_head"]}
+    read = weights_by_part(dig(results, "machine_limit", "weights", "int4"))
     rows = []
     for part, label in DECODE_PARTS.items():
         share, rate = d["shares"].get(part, 0.0), d["stream_bytes_per_s"].get(part)

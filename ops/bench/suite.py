@@ -224,9 +224,8 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
         say(f"read bandwidth {bw.one_thread / 1e9:.1f} GB/s one thread, {bw.all_threads / 1e9:.1f} GB/s "
             f"{bw.threads} threads")
         limit: dict = {"bandwidth": bw.as_dict(), "weights": {}, "floor_ms_per_token": {}}
-        weights = {}
         for fmt in ("int4", "int8"):
-            w = weights[fmt] = bandwidth.artifact_weight_bytes(artifact(fmt))
+            w = bandwidth.artifact_weight_bytes(artifact(fmt))
             limit["weights"][fmt] = w.as_dict()
             limit["floor_ms_per_token"][fmt] = bandwidth.floor_ms_per_token(w.total, bw.all_threads)
             say(f"{fmt}: {w.total / 1e9:.3f} GB of language-model weights per token -> floor "
@@ -240,7 +239,7 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
                             "repeats": compute.REPEATS, "flop_model": asdict(compute.FlopModel.of_config(config)),
                             "vision_grid": asdict(VisionGrid.of_model(int4))}
         decode = decode_profile.profile_decode(int4, decode_profile.service_lm_properties(int4))
-        rates = decode.stream_rates(weights["int4"])
+        rates = decode.stream_rates(limit["weights"]["int4"])
         limit["decode"] = decode.as_dict() | {"stream_bytes_per_s": rates}
         say(f"int4 decode step in process: {decode.ms_per_token:.1f} ms; weights stream at "
             + ", ".join(f"{rate / 1e9:.1f} GB/s ({part})" for part, rate in rates.items()))

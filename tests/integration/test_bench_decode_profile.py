@@ -14,5 +14,5 @@ def test_a_decode_step_of_the_tiny_model_is_profiled_by_part(tiny_model):
     # The lm_head is found by name: a converter that renamed it would fold it into the layers' matmuls here.
     assert p.shares["lm_head"] > 0 and p.shares["matmuls"] > 0 and p.shares.get("attention", 0) > 0
     assert p.ms_per_token > 0 and p.kernels
-    rates = p.stream_rates(artifact_weight_bytes(tiny_model))
+    rates = p.stream_rates(artifact_weight_bytes(tiny_model).as_dict())
     assert set(rates) == {"lm_head", "matmuls"} and all(r > 0 for r in rates.values())

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.bench.bandwidth import WeightBytes
-from ops.bench.decode_profile import DecodeProfile, lm_properties, part_of
+from ops.bench.decode_profile import DecodeProfile, part_of, service_lm_properties
 from ops.bench.report import render
 from ops.bench.targets import evaluate
 from tests.unit.test_bench_targets import by_id, results
@@ -23,10 +22,12 @@ def test_nodes_fall_into_parts(node_type, name, part):
     assert part_of(node_type, name) == part
 
 
-def test_the_language_model_compiles_with_its_own_properties_over_the_global_ones():
-    pipeline = {"INFERENCE_PRECISION_HINT": "bf16", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128, "CACHE_DIR": "/c",
-                "MODEL_PROPERTIES": {"language_model": {"INFERENCE_PRECISION_HINT": "f32"}}}
-    assert lm_properties(pipeline) == {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128}
+def test_the_language_model_compiles_with_its_own_properties_over_the_global_ones(monkeypatch, tmp_path):
+    for name, value in {"VLFLEET_PRECISION": "bf16", "VLFLEET_LM_PRECISION": "f32", "VLFLEET_DQ_GROUP_SIZE": "128",
+                        "VLFLEET_MODEL_CACHE_DIR": str(tmp_path / "c")}.items():
+        monkeypatch.setenv(name, value)
+    assert service_lm_properties(tmp_path) == {"INFERENCE_PRECISION_HINT": "f32",
+                                               "DYNAMIC_QUANTIZATION_GROUP_SIZE": 128}
 
 
 def profile() -> DecodeProfile:
@@ -35,7 +36,7 @@ def profile() -> DecodeProfile:
 
 
 def test_each_part_streams_its_own_weights_in_its_share_of_the_step():
-    rates = profile().stream_rates(WeightBytes(total=1.0e9, by_type={}, lm_head=0.3e9, constants=0))
+    rates = profile().stream_rates({"total": 1.0e9, "lm_head": 0.3e9})
     assert rates["lm_head"] == pytest.approx(0.3e9 / 0.010)  # 20 % of 50 ms
     assert rates["matmuls"] == pytest.approx(0.7e9 / 0.035)
     assert set(rates) == {"lm_head", "matmuls"}
@@ -44,8 +45,8 @@ def test_each_part_streams_its_own_weights_in_its_share_of_the_step():
 def test_the_decode_target_and_the_report_name_the_kernels_streaming_rate():
     r = results()
     p = profile()
-    r["machine_limit"]["decode"] = p.as_dict() | {"stream_bytes_per_s": p.stream_rates(
-        WeightBytes(total=1.044e9, by_type={}, lm_head=0.31e9, constants=0))}
+    r["machine_limit"]["decode"] = p.as_dict() | {
+        "stream_bytes_per_s": p.stream_rates(r["machine_limit"]["weights"]["int4"])}
     rate = 0.734e9 / 0.035
     detail = by_id(evaluate(r))["tpot-vs-floor"].detail
     assert f"{rate / 1e9:.1f} GB/s = {rate / 26e9:.2f}x the read bandwidth" in detail
