@@ -2,13 +2,16 @@
 
 Each setting is declared once in ``FIELDS`` (name, type, default, help); the docs' configuration
 reference is generated from that table. A bad value stops the process with a message that names
-the variable and what it accepts.
+the variable and what it accepts; so does a VLFLEET_* name nothing reads (a misspelt setting would
+otherwise be ignored), with the nearest valid name. What the fleet side needs from here (the engine
+names, the default engine, the names a host reads) it reads through ``service.contract``.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,11 @@ class Field:
     @property
     def env(self) -> str:
         return PREFIX + self.name.upper()
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        """The values a choice field accepts, in their declared order; None for other fields."""
+        return self.parse.choices if isinstance(self.parse, _Choice) else None
 
 
 def _in_range(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
@@ -59,12 +67,20 @@ def _bool(raw: str) -> bool:
     raise ValueError
 
 
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        if raw not in choices:
+@dataclass(frozen=True)
+class _Choice:
+    """A parser that accepts one of ``choices`` (kept, so others can read them: ``Field.choices``)."""
+
+    choices: tuple[str, ...]
+
+    def __call__(self, raw: str) -> str:
+        if raw not in self.choices:
             raise ValueError
         return raw
-    return parse
+
+
+def _choice(*choices: str) -> _Choice:
+    return _Choice(choices)
 
 
 def _csv(raw: str) -> tuple[str, ...]:
@@ -216,6 +232,38 @@ FIELDS: tuple[Field, ...] = (
 )
 
 
+# VLFLEET_* variables the host side reads besides FIELDS: the launcher's inputs (service/launcher.py), read before
+# the settings are (it sets VLFLEET_THREADS, a field, for the service it starts).
+LAUNCHER_ENV: tuple[str, ...] = ("VLFLEET_CPUS", "VLFLEET_CPU_PLAN_FILE")
+# Read by the controller's tools and the tests, never by the service. A service started from their environment
+# (`vlfleet serve`, the bench, the tests' servers) inherits them, so there they are no mistake; on a host they mean
+# nothing, and the host agent refuses them in an env file. A new one goes here (tests/unit/test_contract.py finds
+# every VLFLEET_* name in the tree).
+TOOLING_ENV: tuple[str, ...] = (
+    "VLFLEET_CACHE",  # ops/paths.py: the controller's cache
+    "VLFLEET_PROFILE_JSON",  # ops/playbook.py -> the Ansible profile callback
+    "VLFLEET_REQUIRE_ALL",  # tests: a skip or xfail fails the run (CI)
+    "VLFLEET_E2E_BUDGET_S", "VLFLEET_E2E_CONVERGED", "VLFLEET_E2E_FLEET",  # tests/e2e
+    "VLFLEET_FAULTS_INVENTORY", "VLFLEET_ROLLOUT_INVENTORY", "VLFLEET_KEEP_FLEET", "VLFLEET_REPORT_SCREENSHOT",
+)
+
+
+def host_names() -> tuple[str, ...]:
+    """Every VLFLEET_* name the host side reads: the settings (in FIELDS order), then the launcher's inputs."""
+    return tuple(f.env for f in FIELDS) + LAUNCHER_ENV
+
+
+def unknown_names(names: Iterable[str], known: Collection[str] | None = None) -> list[str]:
+    """What is wrong with each VLFLEET_* name of ``names`` that is not in ``known`` (default: the host side's and
+    the tooling's names): the name, and the nearest known one."""
+    known = (*host_names(), *TOOLING_ENV) if known is None else tuple(known)
+    problems = []
+    for name in sorted(n for n in names if n.startswith(PREFIX) and n not in known):
+        near = difflib.get_close_matches(name, known, n=1)
+        problems.append(f"{name} is not a setting" + (f" (did you mean {near[0]}?)" if near else ""))
+    return problems
+
+
 @dataclass(frozen=True)
 class Settings:
     values: Mapping[str, Any] = field(default_factory=dict)
@@ -236,6 +284,10 @@ class Settings:
 def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Read every field from ``environ`` (default os.environ); ``overrides`` win and are not parsed."""
     environ = os.environ if environ is None else environ
+    unknown = unknown_names(environ)
+    if unknown:
+        raise SettingsError(f"unknown VLFLEET_* variable: {'; '.join(unknown)}. Nothing reads it, so its value would "
+                            "be ignored: fix the name or remove it (docs/configuration.md lists every setting)")
     values: dict[str, Any] = {}
     for f in FIELDS:
         raw = environ.get(f.env)

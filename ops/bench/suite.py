@@ -84,7 +84,7 @@ def service_engines() -> tuple[tuple[str, ...], str | None]:
 
     engine = next((f for f in FIELDS if f.name == "engine"), None)
     if engine is None:
-        return ("serial",), None
+        raise LookupError("service/settings.py has no engine field (VLFLEET_ENGINE): the bench reads its default there")
     names = []
     for candidate in ("serial", "direct", "batching"):
         try:

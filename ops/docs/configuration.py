@@ -15,7 +15,11 @@ def service_settings() -> str:
 
     lines = ["## Service settings (`VLFLEET_*`)", "",
              "The service reads these environment variables once at start and refuses to start, naming the variable, "
-             "when a value is not valid. On hosts the role `vlm_service` writes them to "
+             "when a value is not valid, and when a `VLFLEET_*` name is none of these nor the launcher's "
+             "`VLFLEET_CPUS` and `VLFLEET_CPU_PLAN_FILE` ([roles.md](roles.md#the-launcher-servicelauncherpy)), "
+             "naming the nearest valid one: a misspelt setting is an error, not a setting silently ignored (the host "
+             "agent's env step refuses it before the env file is written). On hosts the role `vlm_service` writes "
+             "them to "
              "`/opt/vlfleet/current/vlfleet.env` (add your own with `vlm_service_extra_env`); `vlfleet serve` takes "
              "the common ones as flags.", "",
              "| Variable | Default | Accepts | What it does |", "|---|---|---|---|"]

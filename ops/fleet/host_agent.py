@@ -8,7 +8,10 @@ python3, so hosts need nothing installed for it:
 - the roles (python_runtime, model_artifact, vlm_service) and ops/playbooks/rollout.yml run it with
   `ansible.builtin.script` and read `changed` from its answer; with `"check": true` a step that would change
   something says so and changes nothing (Ansible's check mode).
-The unit tests run it against temporary directories. Standard library only; Python 3.10.
+The unit tests run it against temporary directories. Standard library only; Python 3.10. What it must agree on
+with the service (the engine names, the default engine, the VLFLEET_* names a host reads) is service/contract.py's,
+copied below as literals because no service code is on the host's python3 path (tests/unit/test_contract.py keeps
+the copy equal).
 
 ARGS is the JSON object, base64-encoded (what Fabric sends) or as is (a string starting with "{").
 
@@ -21,6 +24,7 @@ rotation).
 from __future__ import annotations
 
 import base64
+import difflib
 import hashlib
 import http.client
 import json
@@ -40,6 +44,29 @@ SMOKE_PNG = ("iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAIAAAAlC+aJAAAATUlEQVR42u3PQQ0AAA
              "EBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQELi3oiwCAJt186UAAAAASUVORK5CYII=")
 SMOKE_TOKENS = 4
 _ID_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$")
+
+# -- contract: begin (generated from service/settings.py by `python -m service.contract`; do not edit)
+# VLFLEET_ENGINE's choices (service/settings.py), the default first
+ENGINES = (
+    "direct", "serial", "batching", "llamacpp",
+)
+DEFAULT_ENGINE = "direct"  # what the service runs when no env file sets VLFLEET_ENGINE
+# every VLFLEET_* name the host side reads (settings, launcher)
+SETTING_NAMES = (
+    "VLFLEET_MODEL_DIR", "VLFLEET_MODEL_NAME", "VLFLEET_HOST", "VLFLEET_PORT", "VLFLEET_DEVICE", "VLFLEET_ENGINE",
+    "VLFLEET_LLAMACPP_SERVER", "VLFLEET_LLAMACPP_MODEL_DIR", "VLFLEET_LLAMACPP_CTX",
+    "VLFLEET_LLAMACPP_START_TIMEOUT", "VLFLEET_LLAMACPP_RESTARTS", "VLFLEET_MAX_BATCH", "VLFLEET_KV_CACHE_GB",
+    "VLFLEET_THREADS", "VLFLEET_PRECISION", "VLFLEET_LM_PRECISION", "VLFLEET_KV_PRECISION", "VLFLEET_DQ_GROUP_SIZE",
+    "VLFLEET_HTTP_THREADS", "VLFLEET_QUEUE_SIZE", "VLFLEET_QUEUE_TIMEOUT", "VLFLEET_MAX_TOKENS",
+    "VLFLEET_IMAGE_MAX_SIDE", "VLFLEET_IMAGE_MAX_SIDE_LOW", "VLFLEET_IMAGE_MAX_SIDE_HIGH", "VLFLEET_MAX_IMAGES",
+    "VLFLEET_MAX_INPUT_TOKENS", "VLFLEET_MAX_TURNS", "VLFLEET_MAX_CONVERSATION_IMAGES", "VLFLEET_MAX_IMAGE_BYTES",
+    "VLFLEET_MAX_IMAGE_PIXELS", "VLFLEET_MAX_BODY_BYTES", "VLFLEET_IMAGE_URL_DOMAINS", "VLFLEET_API_KEYS_FILE",
+    "VLFLEET_MODEL_CACHE_DIR", "VLFLEET_ANSWER_CACHE_MB", "VLFLEET_IMAGE_CACHE_MB", "VLFLEET_ANSWER_CACHE_ENTRIES",
+    "VLFLEET_MEMORY_LIMIT_MB", "VLFLEET_MEMORY_HIGH_WATER", "VLFLEET_SYSTEM_MEMORY_HIGH_WATER",
+    "VLFLEET_MEMORY_LOW_WATER", "VLFLEET_WARMUP", "VLFLEET_RELEASE_ID", "VLFLEET_LOG_LEVEL",
+    "VLFLEET_VERIFY_HASHES", "VLFLEET_SKIP_ARTIFACT_CHECK", "VLFLEET_CPUS", "VLFLEET_CPU_PLAN_FILE",
+)
+# -- contract: end
 
 
 class AgentError(RuntimeError):
@@ -232,14 +259,25 @@ _ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
 def env_text(settings: dict) -> str:
-    """The env file's text: the header, then NAME=value, sorted by name."""
+    """The env file's text: the header, then NAME=value, sorted by name. A VLFLEET_* name the host side does not
+    read is refused (the service would refuse to start on it), with the nearest one it reads."""
     lines = []
     for name, value in sorted(settings.items()):
         text = str(value)
         if not _ENV_NAME_RE.match(name) or "\n" in text:
             raise AgentError(f"env file: {name}={text!r} is not a NAME=value line (capitals, digits, '_'; one line)")
         lines.append(f"{name}={text}\n")
+    unknown = [name for name in sorted(settings) if name.startswith("VLFLEET_") and name not in SETTING_NAMES]
+    if unknown:
+        raise AgentError("env file: " + "; ".join(_unknown_setting(name) for name in unknown)
+                         + ". Nothing on the host reads it and the service refuses to start on it: fix the name or "
+                           "remove it (vlm_service_extra_env; `vlfleet rollout --env NAME=` removes one)")
     return ENV_HEADER + "".join(lines)
+
+
+def _unknown_setting(name: str) -> str:
+    near = difflib.get_close_matches(name, SETTING_NAMES, n=1)
+    return f"{name} is not a setting" + (f" (did you mean {near[0]}?)" if near else "")
 
 
 def merged_env(base: dict[str, str], changes: dict) -> dict[str, str]:
@@ -667,7 +705,6 @@ def cgroup_rss(cgroup: str, fs: Path = Path("/sys/fs/cgroup"), proc: Path = Path
 # Engine tuning (`vlfleet tune`, ops/fleet/tune.py): the override env file the unit reads after the release's,
 # restart on an engine, peak memory, the record of the choice
 
-ENGINES = ("serial", "batching", "direct", "llamacpp")  # service/settings.py's VLFLEET_ENGINE choices
 # Where the release wheelhouse's vlfleet-llama-server wheel (ops/llamacpp/wheel.py) puts llama-server in the venv.
 RUNTIME_GLOB = "lib/python3*/site-packages/vlfleet_llama_server/bin/llama-server"
 
@@ -732,7 +769,7 @@ def set_engine(args: dict) -> dict:
     else:
         override.unlink(missing_ok=True)
     env = read_env(root / "current" / "vlfleet.env")
-    expected = engine or env.get("VLFLEET_ENGINE") or "serial"
+    expected = engine or env.get("VLFLEET_ENGINE") or DEFAULT_ENGINE
     since = time.time()
     restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
     # A release from before /readyz named its engine says nothing: take its word that it runs what it was told.

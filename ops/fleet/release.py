@@ -15,6 +15,8 @@ from typing import Any
 import ops.fleet.host_agent as host_agent
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet
+from service.contract import HOST_NAMES
+from service.settings import unknown_names
 
 
 @dataclass
@@ -40,6 +42,9 @@ class Release:
         bad = [k for k in self.env if not k.startswith("VLFLEET_")]
         if bad:
             raise FleetError(f"--env: only VLFLEET_* settings belong in a release's env file, not {', '.join(bad)}")
+        unknown = unknown_names(self.env, HOST_NAMES)  # the host agent's env step would refuse them on every host
+        if unknown:
+            raise FleetError(f"--env: {'; '.join(unknown)} (docs/configuration.md lists every setting)")
 
     @property
     def wheelhouse_sha(self) -> str | None:

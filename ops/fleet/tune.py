@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from ops.fleet.batches import describe_error, format_table
-from ops.fleet.host_agent import ENGINES, service_address
+from ops.fleet.host_agent import service_address
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet, StepError, _journal_hint
 from ops.machine import isa
 from service import probe as service_probe
+from service.contract import ENGINES
 
 RECORD_VERSION = 1
 MiB = 1024 * 1024

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from service.contract import ENGINES
+
 COMMON_HELP = {
     "inventory": "Ansible inventory with groups vlm and lb (default: ./inventory.yml)",
     "batch": "batch sizes, Ansible serial style: counts or percentages; the last repeats (default 1,25%,50%: "
@@ -138,8 +140,8 @@ def status_(c, inventory="inventory.yml", only=None, json_=False):
     "runs": "timed answers per engine; the score is their median time to the whole answer (default 3)",
     "clients": "answers asked at once in each run, as the host's users would (default 1); with more than one, the "
                "batching engine is a candidate too and the score is the median answer's time under that load",
-    "engines": "candidate engines, comma-separated (default: serial,batching,direct,llamacpp with batching skipped "
-               "for one client and llamacpp only where the host has a llama-server and a GGUF artifact)",
+    "engines": f"candidate engines, comma-separated (default: {','.join(ENGINES)} with batching skipped for one "
+               "client and llamacpp only where the host has a llama-server and a GGUF artifact)",
     "engine": "pin this engine on every host: only start, verify and record it (a host's `vlfleet_engine` "
               "inventory var pins it for that host)",
     "out": "directory for the controller's copy of each record, tune-<host>.json (default: $VLFLEET_CACHE/reports)",

@@ -121,7 +121,7 @@ def test_env_step_writes_the_roles_settings_once_and_check_mode_changes_nothing(
     os.chmod(tmp_path / "releases" / "r1" / "vlfleet.env", 0o644)  # a mode changed by hand is put back
     assert host_agent.write_env(args)["changed"] is True
     with pytest.raises(AgentError, match="NAME=value"):
-        host_agent.write_env({**args, "settings": {"VLFLEET_X": "a\nb"}})
+        host_agent.write_env({**args, "settings": {"VLFLEET_MODEL_NAME": "a\nb"}})
 
 
 def test_venv_step_prepares_reports_and_previews(tmp_path):

@@ -14,8 +14,8 @@ from ops.fleet import Fleet, FleetError, Timeouts, agent_args, agent_command_nam
 from ops.fleet import tune as t
 from ops.fleet.status import status_table
 from ops.report import page
+from service import contract, settings
 from service import probe as service_probe
-from service import settings
 
 MiB = 1024 * 1024
 NO_SERVER = {"env": {}, "llama_server": {"path": "", "exists": False}}
@@ -31,7 +31,7 @@ def _run(total: float, first: float = 0.5, tokens: int = 16, error: str | None =
 
 def test_default_candidates_skip_batching_and_an_unshipped_llamacpp_with_reasons():
     steps = dict(t.plan(None, None, NO_SERVER))
-    assert list(steps) == ["serial", "batching", "direct", "llamacpp"]
+    assert list(steps) == ["direct", "serial", "batching", "llamacpp"] == list(contract.ENGINES)  # the default first
     assert steps["serial"] is None and steps["direct"] is None
     assert "concurrent" in steps["batching"] and "--engines" in steps["batching"]
     assert "no llama-server on the host" in steps["llamacpp"] and "vlfleet site --gguf" in steps["llamacpp"]
@@ -52,7 +52,7 @@ def test_named_engines_and_a_pin_are_measured_as_asked():
     assert t.plan(None, "direct", NO_SERVER) == [("direct", None)]
     assert t.parse_engines("serial, direct,serial") == ("serial", "direct")
     assert t.parse_engines("") is None
-    with pytest.raises(FleetError, match="unknown engine vllm: use serial, batching, direct, llamacpp"):
+    with pytest.raises(FleetError, match="unknown engine vllm: use direct, serial, batching, llamacpp"):
         t.parse_engines("serial,vllm")
 
 
@@ -224,10 +224,10 @@ def _ran(session: Session) -> list[str]:
 
 def test_fleet_run_measures_picks_records_and_a_failing_host_is_put_back(remote, tmp_path):
     h1 = Session(host=ADDR["h1"], user="deploy", commands=[
-        INFO, FACTS, QUIESCE, _up("serial"), _latency(2.0), _peak(300), _up("direct"), _latency(1.0), _peak(400),
-        _answer({"written": True})])
+        INFO, FACTS, QUIESCE, _up("direct"), _latency(1.0), _peak(400), _up("serial"), _latency(2.0), _peak(300),
+        _up("direct"), _answer({"written": True})])
     down = _answer({"ok": False, "reason": "the service exited (failed/failed, exit status 1)", "journal": []})
-    h2 = Session(host=ADDR["h2"], user="deploy", commands=[INFO, FACTS, QUIESCE, down, down, _up("serial")])
+    h2 = Session(host=ADDR["h2"], user="deploy", commands=[INFO, FACTS, QUIESCE, down, down, _up("direct")])
     lb = Session(host=ADDR["lb1"], user="deploy", commands=[LB] * 4)
     remote.expect_sessions(h1, h2, lb)
     hostvars = {h: {"ansible_host": a, "ansible_user": "deploy"} for h, a in ADDR.items()}
@@ -238,25 +238,27 @@ def test_fleet_run_measures_picks_records_and_a_failing_host_is_put_back(remote,
         results = t.tune(fleet, t.Options(tokens=8, runs=2, parallel=1, out=tmp_path), echo=lines.append)
     ok, failed = results
     assert (ok.ok, ok.engine, failed.ok, failed.engine) == (True, "direct", False, None)
-    # direct was measured last and won: no restart after the measurements; the record goes to the host and here
+    # direct was measured first and won: the service is restarted on it; the record goes to the host and here
     assert _ran(h1) == ["tune_info", "facts", "quiesce", "set_engine", "latency", "peak", "set_engine", "latency",
-                        "peak", "write_record"]
+                        "peak", "set_engine", "write_record"]
+    assert agent_args(h1.channels[-2].exec_command.call_args[0][0])["engine"] == "direct"
     written = agent_args(h1.channels[-1].exec_command.call_args[0][0])
     assert written["path"] == service_probe.TUNED_FILE and written["record"]["engine"] == "direct"
     assert json.loads((tmp_path / "tune-h1.json").read_text()) == written["record"]
     assert written["record"]["candidates"]["serial"]["score_s"] == 2.1
     assert written["record"]["budget_bytes"] == 1600 * MiB
-    # h2: both engines failed to start, so it went back to the release's engine (no override) and nothing was written
+    # h2: both engines failed to start, so it went back to the release's engine (no override: the service's default)
+    # and nothing was written
     assert _ran(h2) == ["tune_info", "facts", "quiesce", "set_engine", "set_engine", "set_engine"]
     assert agent_args(h2.channels[-1].exec_command.call_args[0][0])["engine"] is None
-    assert "no engine answered within budget" in failed.message and "back on serial as before" in failed.message
+    assert "no engine answered within budget" in failed.message and "back on direct as before" in failed.message
     assert not (tmp_path / "tune-h2.json").exists()
     assert [agent_args(ch.exec_command.call_args[0][0])["drain" if i % 2 == 0 else "undrain"]
             for i, ch in enumerate(lb.channels)] == [["h1"], ["h1"], ["h2"], ["h2"]]
     assert any(line.startswith("[tune] h1: direct: ready in 2.0 s; 2 x 8 tokens: 1.1 s") for line in lines)
     assert "[tune] h1: batching: skipped: " + dict(t.plan(None, None, NO_SERVER))["batching"] in lines
     table = t.table(results)
-    assert "serial 2.1, direct 1.1" in table and "serial failed, direct failed" in table
+    assert "direct 1.1, serial 2.1" in table and "direct failed, serial failed" in table
 
 
 @pytest.fixture
