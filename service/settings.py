@@ -136,9 +136,9 @@ FIELDS: tuple[Field, ...] = (
           "an integer 0-1024"),
     Field("precision", _choice("auto", "bf16", "f32"), "auto",
           "Compute precision (INFERENCE_PRECISION_HINT). auto = the plugin's choice: bf16 where the CPU has it (AMX, "
-          "AVX512-BF16), the fastest first token. f32 decodes int4 weights about 25% faster per token on such CPUs but "
-          "encodes images and prompts about 45% slower (measured: results/run2-per-token-streaming/bench.md, "
-          "levers).", "auto, bf16 or f32"),
+          "AVX512-BF16). f32 trades the first token (image encode, prompt prefill) against decode, by how much "
+          "depends on the CPU and the other settings: docs/tuning.md's \"Precision, threads, compile cache\" table "
+          "gives both against the defaults, per CPU, from the newest bench run that measured it.", "auto, bf16 or f32"),
     Field("lm_precision", _choice("auto", "bf16", "f32"), "auto",
           "Compute precision of the language model alone (genai's MODEL_PROPERTIES), over VLFLEET_PRECISION: f32 "
           "here with bf16 for the vision encoder keeps the fast image encode of bf16 and gives decode the int8 "
