@@ -6,7 +6,7 @@ import time
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from service import openai_request, sse
+from service import openai_request, routing, sse
 from service.engine import Done, Event, Failed, Token
 from service.errors import APIError
 from service.streaming import JobStream, sse_body
@@ -30,7 +30,7 @@ def chat_completions():
     settings = state.settings
     parsed = openai_request.parse(json_body(), settings.model_name, settings.max_tokens, settings.max_images,
                                   state.load_image)
-    job = state.engine.submit(parsed.conversation, parsed.sampling, g.request_id)
+    job = state.engine.submit(parsed.conversation, parsed.sampling, g.request_id, routing.max_wait(request.headers))
     stream = JobStream(job, settings.queue_timeout, state.metrics, started_at=g.started_at)
     headers = stream.wait_started()
     completion_id = f"chatcmpl-{g.request_id}"

@@ -10,7 +10,7 @@ from typing import Any
 
 from flask import Flask, g, request
 
-from service import auth, errors, image_source
+from service import auth, errors, image_source, routing
 from service.engine import Engine, make_engine
 from service.images import ImageLimits
 from service.memory_guard import MemoryGuard, cgroup_memory_high
@@ -88,6 +88,7 @@ def _instrument(app: Flask, state: State) -> None:
     @app.after_request
     def _finish(response):
         response.headers["X-Request-Id"] = g.get("request_id", "")
+        response.headers["X-Served-By"] = routing.HOST
         endpoint = request.url_rule.rule if request.url_rule else "unmatched"
         state.metrics.requests.labels(endpoint=endpoint, status=str(response.status_code)).inc()
         if response.status_code in (429, 503) and endpoint != "/readyz":

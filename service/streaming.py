@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from service.conversation import Timings
 from service.engine import KEEPALIVE, Done, Event, Failed, Job, Started, Token
 from service.errors import APIError
+from service.routing import reuse_headers
 
 
 class JobStream:
@@ -28,7 +29,7 @@ class JobStream:
     def wait_started(self) -> dict[str, str]:
         """Block until the job starts; raise its error (503 queue timeout, ...) if it fails instead.
 
-        Returns response headers that describe the start (whether a cached conversation was continued).
+        Returns response headers that describe the start: what the host reused (service.routing).
         """
         for event in self._events:
             if event is KEEPALIVE:
@@ -38,9 +39,7 @@ class JobStream:
             if isinstance(event, Started):
                 self.started = event
             self._head.append(event)
-            reused = self.started is not None and self.started.reused_session
-            cache = self.started.cache if self.started is not None else "miss"
-            return {"X-Session-Reused": "1" if reused else "0", "X-Cache": cache}
+            return reuse_headers(self.started)
         raise APIError("job ended without events", 500)
 
     def events(self) -> Iterator[Event]:

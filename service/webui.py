@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, g, request, send_from_directory
 from pydantic import ValidationError
 
-from service import sse
+from service import routing, sse
 from service.api_models import ChatForm
 from service.conversation import Conversation, Sampling, Turn
 from service.engine import Done, Event, Failed, Started, Token
@@ -35,7 +35,8 @@ def chat():
     sampling = Sampling(max_tokens=min(form.max_tokens or settings.max_tokens, settings.max_tokens))
     question, session = form.question.strip(), form.session
     conversation = Conversation((Turn("user", question, images),), session=session, by_session=True)
-    stream = JobStream(state.engine.submit(conversation, sampling, g.request_id), settings.queue_timeout,
+    job = state.engine.submit(conversation, sampling, g.request_id, routing.max_wait(request.headers))
+    stream = JobStream(job, settings.queue_timeout,
                        state.metrics, started_at=g.started_at)
     headers = stream.wait_started()
 

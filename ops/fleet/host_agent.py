@@ -832,7 +832,7 @@ def set_drained(text: str, drain: list[str], undrain: list[str]) -> tuple[str, l
             server = re.sub(r" down;$", ";", nxt.rstrip())
             lines[i] = f"{indent}# {host}" + (" (drained)" if is_drained else "")
             lines[i + 1] = server[:-1] + " down;" if is_drained else server
-        if is_drained:
+        if is_drained and host not in drained:  # a host has a server line in each upstream block
             drained.append(host)
     missing = sorted(wanted - seen)
     if missing:

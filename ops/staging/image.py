@@ -25,7 +25,8 @@ from ops.staging.system import StagingError, log, require_root, require_tools, r
 # What the roles and the checklist expect on a host (asserted present by them, never installed there).
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "udev", "openssh-server", "python3", "python3-venv", "python3-apt",
-    "sudo", "iproute2", "iputils-ping", "procps", "curl", "ca-certificates", "nginx-light", "numactl",
+    "sudo", "iproute2", "iputils-ping", "procps", "curl", "ca-certificates", "nginx-light",
+    "libnginx-mod-http-js", "numactl",
     "util-linux", "systemd-timesyncd", "kmod", "netbase", "acl", "rsync", "xz-utils", "less",
 )
 DEPLOY_USER = "deploy"

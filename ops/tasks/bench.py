@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from invoke import Exit, task
@@ -91,3 +92,32 @@ def service(c, runs=5, tokens=64, out="results", model=None):
     for key, verdict in result["comparison"].items():
         print(f"{key}: {verdict['summary']}")
     print(f"saved {out}/bench-service.json and .png")
+
+
+@task(help={"inventory": "Ansible inventory of a serving fleet with groups vlm and lb (default: ./inventory.yml)",
+            "label": "the run's name in the results table, e.g. affinity-off (default: affinity-on)",
+            "conversations": "conversations (default 12)", "clients": "conversations in flight at once (default 4)",
+            "followups": "follow-up questions per conversation (default 3)",
+            "tokens": "new tokens per answer at most (default 8)",
+            "out": "results directory (default results/fleet-locality)"})
+def locality(c, inventory="inventory.yml", label="affinity-on", conversations=12, clients=4, followups=3, tokens=8,
+             out="results/fleet-locality"):
+    """Cache locality through the lb: which host answered each turn, follow-up first token, encoder runs, cache hits."""
+    from ops.bench import fleet_locality
+    from ops.fleet import FleetError, load_inventory
+
+    try:
+        inv = load_inventory(Path(inventory))
+    except FleetError as e:
+        raise Exit(f"vlfleet bench.locality: {e}") from e
+    plan = fleet_locality.Plan(conversations=int(conversations), clients=int(clients), followups=int(followups),
+                               tokens=int(tokens))
+    if plan.conversations < 1 or plan.clients < 1 or not 0 <= plan.followups <= len(fleet_locality.FOLLOWUPS):
+        raise Exit(f"--conversations and --clients must be >= 1, --followups 0-{len(fleet_locality.FOLLOWUPS)}")
+    try:
+        result = fleet_locality.run(inv, plan, label)
+    except (ValueError, OSError) as e:
+        raise Exit(f"vlfleet bench.locality: {e}") from e
+    path = fleet_locality.save(result, Path(out))
+    print(json.dumps(result["summary"], indent=1))
+    print(f"saved {path} and {Path(out) / 'README.md'}")

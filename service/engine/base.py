@@ -24,6 +24,7 @@ from service.engine.genai import render_prompt
 from service.engine.job import FINISHED, QUEUED, RUNNING, Job, replay
 from service.errors import APIError, Overloaded
 from service.prompt_limits import PromptLimits
+from service.routing import HOST
 from service.sessions import SessionStore
 
 log = logging.getLogger("vlfleet.engine")
@@ -71,7 +72,10 @@ class Engine:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
-    def submit(self, conversation: Conversation, sampling: Sampling, request_id: str) -> Job:
+    def submit(self, conversation: Conversation, sampling: Sampling, request_id: str,
+               max_wait: float | None = None) -> Job:
+        """Queue a job, or refuse it now. ``max_wait``: the load balancer's bound on this request's wait (below
+        VLFLEET_QUEUE_TIMEOUT), so that it goes to another host rather than wait here (service.routing)."""
         self._admit_or_refuse()
         self.limits.check(conversation)  # before queueing: a prompt over the limits never takes a queue slot
         key = cache_key(conversation, sampling, self.model_id)
@@ -84,7 +88,7 @@ class Engine:
             return job
         if key is not None and self.answers.enabled and self.metrics:
             self.metrics.cache_misses.inc()
-        self._refuse_long_wait()  # after the cache: an answer at hand never waits in the queue
+        self._refuse_long_wait(max_wait)  # after the cache: an answer at hand never waits in the queue
         job = Job(conversation, sampling, request_id, key)
         try:
             self._queue.put_nowait(job)
@@ -105,14 +109,19 @@ class Engine:
                 self.metrics.shed.inc()
             raise Overloaded(self.memory.reason() + "; retry later", 503, retry_after=10)
 
-    def _refuse_long_wait(self) -> None:
-        """429 now for a request that would wait past VLFLEET_QUEUE_TIMEOUT, rather than a 503 after that wait.
+    def _refuse_long_wait(self, max_wait: float | None = None) -> None:
+        """429 now for a request that would wait past VLFLEET_QUEUE_TIMEOUT (or the load balancer's ``max_wait``),
+        rather than a 503 after that wait.
 
         Two requests at once may both fit and both queue: the estimate is a bound on waiting, not a slot count.
         """
         wait, limit = self.estimated_wait(), self.settings.queue_timeout
-        if wait is None or wait <= limit:
+        if wait is None or wait <= min(limit, max_wait if max_wait is not None else limit):
             return
+        if wait <= limit:  # within this host's own limit: the load balancer has a better place for it
+            raise Overloaded(f"host busy: about {wait:.0f} s of queued work ahead, over the load balancer's "
+                             f"{max_wait:g} s for this conversation's host; another host takes it", 429,
+                             retry_after=max(1, math.ceil(wait)), reason="affinity_wait")
         raise Overloaded(f"server busy: about {wait:.0f} s of queued work ahead, over VLFLEET_QUEUE_TIMEOUT="
                          f"{limit:g}s; retry later", 429, retry_after=max(1, math.ceil(wait)), reason="wait")
 
@@ -246,7 +255,7 @@ def log_inference(job: Job, timings: Timings, finish: str, cache: str) -> None:
     when its headers went out)."""
     ms = timings.ms_per_token
     log.info("inference", extra={
-        "request_id": job.request_id, "cache": cache, "finish_reason": finish,
+        "request_id": job.request_id, "host": HOST, "cache": cache, "finish_reason": finish,
         "images": len(job.conversation.images), "queue_wait_s": round(timings.queued_s, 4),
         "image_encode_s": round(timings.image_encode_s, 4),
         "first_token_s": None if timings.first_token_s is None else round(timings.first_token_s, 4),

@@ -38,7 +38,8 @@ class DirectEngine(Engine):
         started = time.monotonic()
         conv, reused = self._resolve(job)
         timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
-        job.put(Started(reused_session=reused, images=len(conv.images), cache="miss"))
+        cached = sum(self.pipeline.vision.holds(img.digest) for img in conv.images)
+        job.put(Started(reused_session=reused, images=len(conv.images), cache="miss", images_cached=cached))
         pieces: list[str] = []
 
         def on_text(text: str) -> None:

@@ -21,6 +21,7 @@ class Started:
     reused_session: bool  # earlier turns came from the session store
     images: int  # images in the whole conversation
     cache: str  # answer cache: "hit" (replayed) or "miss"
+    images_cached: int = 0  # of ``images``, those already encoded on this host (the vision encoder skips them)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""OpenVINO GenAI specifics shared by both engines (and the benchmarks, which prompt as the service does).
+"""OpenVINO GenAI specifics shared by the genai engines, serial and batching, and by the benchmarks (which prompt
+as the service does).
 
 OpenVINO is imported inside each function, so importing this module stays cheap and does not need OpenVINO.
 """

@@ -84,7 +84,8 @@ def replay(conversation: Conversation, sampling: Sampling, request_id: str, answ
     """A finished job whose events are a cached answer, in the order a generation would produce them."""
     job = Job(conversation, sampling, request_id)
     job._state = FINISHED
-    job.put(Started(reused_session=False, images=len(conversation.images), cache="hit"))
+    images = len(conversation.images)
+    job.put(Started(reused_session=False, images=images, cache="hit", images_cached=images))  # nothing to encode
     for piece in answer.pieces:
         job.put(Token(piece))
     job.put(Done(finish_reason=answer.finish_reason, text="".join(answer.pieces), timings=answer.timings(),

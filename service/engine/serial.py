@@ -1,4 +1,4 @@
-"""The serial engine (the default): one VLMPipeline answering one request at a time.
+"""The serial engine: one VLMPipeline answering one request at a time.
 
 VLMPipeline.generate blocks until the answer is complete and streams through a callback, so the inference
 thread takes the next job only when the previous one is done. The callback's CANCEL return is how a client

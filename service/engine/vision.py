@@ -151,6 +151,10 @@ class VisionEncoder:
         self._keep(digest, encoded)
         return encoded
 
+    def holds(self, digest: str) -> bool:
+        with self._lock:
+            return digest in self._cache
+
     def trim(self) -> None:
         with self._lock:
             self._cache.clear()

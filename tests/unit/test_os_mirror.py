@@ -64,7 +64,8 @@ def test_wanted_is_the_roles_first_name_per_unmet_need():
     names = needs.role_names("bookworm")
     assert needs.wanted(names) == sorted(names[n][0] for n in names)
     # nginx-light satisfies the nginx need; numactl's leftover config files do not satisfy numactl.
-    assert needs.wanted(names, present=needs.installed(STATUS)) == ["numactl", names["python_venv"][0]]
+    assert needs.wanted(names, present=needs.installed(STATUS)) == ["libnginx-mod-http-js", "numactl",
+                                                                     names["python_venv"][0]]
     assert needs.wanted(names, ["numactl"]) == ["numactl"]
     with pytest.raises(MirrorError, match="unknown need"):
         needs.wanted(names, ["gpu"])
@@ -73,8 +74,8 @@ def test_wanted_is_the_roles_first_name_per_unmet_need():
 def test_plan_reads_the_status_file(tmp_path):
     status = tmp_path / "status"
     status.write_text(STATUS)
-    assert plan(MirrorSpec(status=status)) == ["numactl", "python3.11-venv"]
-    assert plan(MirrorSpec("jammy")) == ["nginx", "numactl", "python3.10-venv"]
+    assert plan(MirrorSpec(status=status)) == ["libnginx-mod-http-js", "numactl", "python3.11-venv"]
+    assert plan(MirrorSpec("jammy")) == ["libnginx-mod-http-js", "nginx", "numactl", "python3.10-venv"]
     with pytest.raises(MirrorError, match="does not exist"):
         plan(MirrorSpec(status=tmp_path / "missing"))
 

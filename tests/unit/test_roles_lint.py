@@ -14,6 +14,7 @@ import jinja2
 import pytest
 import yaml
 
+from tests import nginx_site
 from tests.prereq import require_tools
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,20 +109,16 @@ def test_unit_reads_the_tuned_engine_after_the_releases_env_file_and_optionally(
     assert files == ["EnvironmentFile=/opt/vlfleet/current/vlfleet.env", f"EnvironmentFile=-{ENGINE_ENV_FILE}"]
 
 
-def test_nginx_site_is_valid_and_drains(tmp_path: Path):
+@pytest.mark.parametrize("affinity", [True, False])
+def test_nginx_site_is_valid_and_drains(tmp_path: Path, affinity: bool):
     require_tools("nginx")
     upstreams = [{"name": "c1", "address": "10.0.0.11", "port": 8000, "down": False},
                  {"name": "c2", "address": "10.0.0.12", "port": 8000, "down": True}]
-    site = _render("nginx-vlfleet.conf.j2", lb_upstreams=upstreams, lb_listen_port=18080, lb_listen_ipv6=False,
-                   lb_max_fails=2, lb_fail_timeout=10, lb_keepalive=16, lb_read_timeout=600, lb_connect_timeout=3,
-                   lb_client_max_body_mb=24)
-    assert re.search(r"server 10\.0\.0\.12:8000 .* down;", site)
+    nginx = nginx_site.Nginx(tmp_path, upstreams, lb_listen_port=18080, lb_affinity=affinity)
+    site = (tmp_path / "site.conf").read_text()
+    # every upstream block (least_conn; with affinity also the key's ring and its spill) lists the drained host
+    assert len(re.findall(r"server 10\.0\.0\.12:8000 .* down;", site)) == (3 if affinity else 1)
     assert not re.search(r"server 10\.0\.0\.11:8000 .* down;", site)
     assert "proxy_buffering off;" in site and "proxy_http_version 1.1;" in site
-    (tmp_path / "site.conf").write_text(site)
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "nginx.conf").write_text(
-        "pid nginx.pid; error_log stderr; events {} http { access_log off; include site.conf; }\n")
-    done = subprocess.run(["nginx", "-t", "-q", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-                          capture_output=True, text=True, timeout=60)
+    done = nginx.test()
     assert done.returncode == 0, done.stderr

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jinja2
 import pytest
 
 from ops.fleet import (
@@ -23,6 +22,7 @@ from ops.fleet import (
 )
 from ops.fleet.host_agent import AgentError, established_clients, set_drained
 from ops.fleet.transport import _agent_command
+from tests import nginx_site
 
 REPO = Path(__file__).resolve().parents[2]
 BACKENDS = [("c1", "10.250.77.11"), ("c2", "10.250.77.12"), ("vm1", "10.250.77.101")]
@@ -30,13 +30,8 @@ BACKENDS = [("c1", "10.250.77.11"), ("c2", "10.250.77.12"), ("vm1", "10.250.77.1
 
 def _site(drained: list[str]) -> str:
     """The nginx site exactly as the lb role renders it for ``drained`` (lb_drained_hosts)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True)
-    upstreams = [{"name": n, "address": a, "port": 8000, "down": n in drained, "loopback": False}
-                 for n, a in BACKENDS]
-    return env.get_template("nginx-vlfleet.conf.j2").render(
-        lb_upstreams=upstreams, lb_listen_port=80, lb_listen_ipv6=False, lb_max_fails=2, lb_fail_timeout=10,
-        lb_keepalive=16, lb_read_timeout=600, lb_connect_timeout=3, lb_client_max_body_mb=24)
+    return nginx_site.site([{"name": n, "address": a, "port": 8000, "down": n in drained} for n, a in BACKENDS],
+                           lb_listen_port=80)
 
 
 def test_drain_edit_equals_what_the_lb_role_renders():
