@@ -34,6 +34,10 @@ class Metrics:
                                            "Images run through the vision encoder (the direct engine keeps encoded "
                                            "images, the genai engines encode every image of every prompt)",
                                            registry=r)
+        self.prompt_images = Counter("vlfleet_prompt_images",
+                                     "Images in the prompts the engine answered (a conversation's earlier images "
+                                     "count again each turn): vision encoder runs over this is the image cache's "
+                                     "miss ratio", registry=r)
         self.reused_prompt_tokens = Counter("vlfleet_reused_prompt_tokens",
                                             "Prompt tokens whose KV was kept from an earlier request, not computed",
                                             registry=r)

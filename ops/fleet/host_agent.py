@@ -644,6 +644,12 @@ def quiesce(args: dict) -> dict:
     return {"left": left, "waited_s": round(time.monotonic() - started, 1)}
 
 
+# What the fleet report's cache locality panel reads (ops/report/collect.py).
+LOCALITY_METRICS = ("vlfleet_answer_cache_hits_total", "vlfleet_answer_cache_misses_total",
+                    "vlfleet_vision_encoder_runs_total", "vlfleet_prompt_images_total",
+                    "vlfleet_reused_prompt_tokens_total", "vlfleet_prompt_tokens_total", "vlfleet_session_reuse_total")
+
+
 def probe(args: dict) -> dict:
     """What `vlfleet status` shows for one host."""
     root = Path(args["root"])
@@ -662,7 +668,7 @@ def probe(args: dict) -> dict:
     out["readyz_status"], out["readyz"] = readyz(addr)
     try:
         status, raw = request(addr, "GET", "/metrics", timeout=5, key=api_key(env))
-        keep = ("vlfleet_time_to_first_token_seconds", "vlfleet_model_info")
+        keep = ("vlfleet_time_to_first_token_seconds", "vlfleet_model_info", *LOCALITY_METRICS)
         out["metrics"] = "\n".join(line for line in raw.decode(errors="replace").splitlines()
                                    if line.startswith(keep)) if status == 200 else ""
     except OSError:

@@ -105,6 +105,27 @@ def slowest(hosts: Sequence[dict]) -> list[dict]:
     return found
 
 
+def locality(metrics_text: str) -> dict[str, Any]:
+    """How much of a host's work its caches saved, from its /metrics (since the service started): the answer
+    cache's hit ratio, the share of prompt images it did not encode again, the share of prompt tokens whose KV it
+    kept. None where it saw nothing to count (an engine without the cache, or no traffic)."""
+    from ops.fleet.prometheus_text import samples
+
+    def total(name: str) -> float:
+        return sum(v for _labels, v in samples(metrics_text, f"vlfleet_{name}_total"))
+
+    def ratio(part: float, whole: float) -> float | None:
+        return round(part / whole, 3) if whole > 0 else None
+
+    hits, misses = total("answer_cache_hits"), total("answer_cache_misses")
+    images, runs = total("prompt_images"), total("vision_encoder_runs")
+    return {"answer_cache_hits": int(hits), "answer_cache_hit_ratio": ratio(hits, hits + misses),
+            "prompt_images": int(images), "vision_encoder_runs": int(runs),
+            "image_kept_ratio": ratio(max(0.0, images - runs), images),
+            "prompt_tokens_reused_ratio": ratio(total("reused_prompt_tokens"), total("prompt_tokens")),
+            "conversations_continued": int(total("session_reuse"))}
+
+
 def _facts(conn, host) -> dict[str, Any]:
     """`service.probe facts`, as root with the system python3 (it reads what only root may)."""
     from ops.fleet.transport import StepError
@@ -147,7 +168,7 @@ def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
                     "ready": p.get("readyz_status") == 200, "ready_reason": ready.get("reason", ""),
                     "release_id": ready.get("release_id"), "artifact_id": ready.get("artifact_id"),
                     "model": ready.get("model"), "engine": ready.get("engine"),
-                    "tuned_engine": p.get("tuned_engine")})
+                    "tuned_engine": p.get("tuned_engine"), "locality": locality(p.get("metrics") or "")})
         conn = fleet.conns[name]
         row.update(parse_facts(_facts(conn, host)))
         row["probe"] = summarize_probe(_latency(conn, host, row, opts))

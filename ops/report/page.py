@@ -137,6 +137,33 @@ def _checklist_section(checklist: dict | None, hosts: list[str]) -> str:
     return "".join(parts)
 
 
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def _locality_section(hosts: list[dict[str, Any]]) -> str:
+    """Per host, what its caches saved since the service started: low ratios on a fleet whose clients return
+    mean their requests miss the host that holds them (docs/operations.md, "Routing")."""
+    rows = []
+    for h in hosts:
+        loc = h.get("locality")
+        if h.get("error") or not loc:
+            continue
+        rows.append(f"<tr data-host='{html.escape(h['name'])}'><th>{html.escape(h['name'])}</th>"
+                    f"<td class='num'>{_ratio(loc['answer_cache_hit_ratio'])} ({loc['answer_cache_hits']})</td>"
+                    f"<td class='num'>{_ratio(loc['image_kept_ratio'])} ({loc['vision_encoder_runs']} runs for "
+                    f"{loc['prompt_images']} images)</td>"
+                    f"<td class='num'>{_ratio(loc['prompt_tokens_reused_ratio'])}</td>"
+                    f"<td class='num'>{loc['conversations_continued']}</td></tr>")
+    if not rows:
+        return ""
+    return ("<h2>Cache locality</h2><p class='meta'>Since each service started, from its /metrics. The load "
+            "balancer sends a conversation to the host that holds it; ratios near zero on a fleet whose users "
+            "return mean it does not.</p><table id='locality'><thead><tr><th>host</th><th>answer cache hits</th>"
+            "<th>prompt images not encoded again</th><th>prompt tokens with kept KV</th>"
+            "<th>conversations continued</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
 def _engine(host: dict[str, Any]) -> str:
     """The running engine, and whether it is the one `vlfleet tune` chose on the host."""
     engine, tuned = host.get("engine"), host.get("tuned_engine")
@@ -211,6 +238,7 @@ def render(data: dict[str, Any], out: Path) -> str:
             f"<td class='num'>{_fmt_bytes(h.get('rss_bytes'))}</td><td class='num'>{ttft}</td>"
             f"<td class='num'>{mspt}</td></tr>")
     parts.append("</tbody></table>")
+    parts.append(_locality_section(hosts))
     parts.append(_checklist_section(checklist, names))
     parts.append("<p class='meta'>Data: <code>report.json</code> beside this page. Made by <code>vlfleet report</code>."
                  "</p></body></html>")

@@ -240,6 +240,8 @@ class Engine:
         conv, reused = self._sessions.resolve(job.conversation)
         if reused:
             self.limits.check(conv)  # the request alone was checked at the door; its session adds turns
+        if self.metrics:
+            self.metrics.prompt_images.inc(len(conv.images))
         return conv, reused
 
     @staticmethod

@@ -3,6 +3,8 @@ and follow-ups that run neither the vision encoder nor the earlier turns again (
 
 from __future__ import annotations
 
+import json
+import socket
 import types
 
 import numpy as np
@@ -65,6 +67,32 @@ def test_web_ui_session_follow_up_reuses_the_image(direct, tmp_path):
     follow = _ui_chat(direct, f"session={first['session']}", "question=Which colour dominates?", "max_tokens=5")
     assert follow["status"]["reused_session"] is True
     assert direct.metric(RUNS) == runs0 + 1
+
+
+def test_each_answer_names_its_host_and_what_it_reused_there(direct, client):
+    """What the load balancer's affinity is judged by (X-Served-By, X-Image-Cache), and the inference log line."""
+    image = png_bytes((88, 66), (70, 10, 220))
+    first = [image_message("Which host am I on?", image)]
+    cold = client.chat.completions.with_raw_response.create(model=MODEL, messages=first, max_tokens=3, temperature=0)
+    assert cold.headers["X-Served-By"] == socket.gethostname()
+    assert (cold.headers["X-Image-Cache"], cold.headers["X-Session-Reused"]) == ("miss", "0")
+    follow = [*first, {"role": "assistant", "content": cold.parse().choices[0].message.content},
+              {"role": "user", "content": "Still?"}]
+    warm = client.chat.completions.with_raw_response.create(model=MODEL, messages=follow, max_tokens=3,
+                                                            temperature=0)
+    assert (warm.headers["X-Image-Cache"], warm.headers["X-Session-Reused"]) == ("hit", "1")
+    text_only = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "No picture."}], max_tokens=2, temperature=0)
+    assert text_only.headers["X-Image-Cache"] == "none"
+    rid = warm.headers["X-Request-Id"]
+
+    def inference_line() -> dict | None:
+        lines = (json.loads(ln) for ln in direct.log().splitlines() if ln.startswith("{"))
+        return next((ln for ln in lines if ln.get("msg") == "inference" and ln.get("request_id") == rid), None)
+
+    servers.wait_for(inference_line, what="the follow-up's inference line")
+    line = inference_line()
+    assert line["host"] == socket.gethostname() and line["images_encoded"] == 0 and line["prefix_reuse"] is True
 
 
 def test_another_image_is_encoded(direct, client):

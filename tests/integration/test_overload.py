@@ -133,6 +133,30 @@ def test_work_past_the_queue_timeout_gets_429_at_once_and_work_that_fits_is_serv
     assert after.status_code == 200
 
 
+def test_the_load_balancers_wait_bound_refuses_what_this_host_would_queue(timed_queue):
+    """nginx's affinity routing sends X-Vlfleet-Max-Wait: over it, a 429 at once (nginx then tries the next host),
+    though the wait is within VLFLEET_QUEUE_TIMEOUT (the test above: such work queues). A malformed bound is the
+    sender's error."""
+    server = timed_queue
+    refused = server.metric('vlfleet_rejected_requests_total{reason="wait"}')
+    assert chat(server, "Time me too.", 512).status_code == 200  # an estimate to refuse by
+    holder, lines = start_long_stream(server, 1024, "Hold on.")  # seconds of work ahead: under VLFLEET_QUEUE_TIMEOUT
+    try:
+        bounded = requests.post(server.url + CHAT, timeout=30, headers={"X-Vlfleet-Max-Wait": "0.2"},
+                                json={"messages": [{"role": "user", "content": "Bounded?"}], "max_tokens": 2})
+        assert bounded.status_code == 429, bounded.text
+        assert "load balancer" in bounded.json()["error"]["message"]
+        assert server.metric('vlfleet_rejected_requests_total{reason="affinity_wait"}') == 1
+        assert server.metric('vlfleet_rejected_requests_total{reason="wait"}') == refused  # within its own limit
+    finally:
+        for _ in lines:
+            pass
+        holder.close()
+    bad = requests.post(server.url + CHAT, timeout=30, headers={"X-Vlfleet-Max-Wait": "soon"},
+                        json={"messages": [{"role": "user", "content": "Bad bound?"}], "max_tokens": 2})
+    assert bad.status_code == 400 and "X-Vlfleet-Max-Wait" in bad.json()["error"]["message"]
+
+
 def test_client_disconnect_cancels_generation_and_next_request_is_served(small_queue):
     before = small_queue.metric("vlfleet_cancelled_requests_total")
     busy, _lines = start_long_stream(small_queue)

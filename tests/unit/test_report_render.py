@@ -119,3 +119,23 @@ def test_unusable_inventory_is_a_clear_error(tmp_path):
     bad = subprocess.run([str(Path(sys.executable).with_name("vlfleet")), "report", "--probe-tokens", "1"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert bad.returncode == 1 and "--probe-tokens must be >= 2" in bad.stderr
+
+
+def test_cache_locality_is_read_from_the_hosts_metrics_and_shown_per_host(tmp_path):
+    from ops.report.collect import locality
+
+    metrics = "\n".join([  # what a direct-engine host's /metrics says after 10 cacheable answers, 2 replayed
+        "vlfleet_answer_cache_hits_total 2.0", "vlfleet_answer_cache_misses_total 8.0",
+        "vlfleet_prompt_images_total 8.0", "vlfleet_vision_encoder_runs_total 2.0",
+        "vlfleet_reused_prompt_tokens_total 300.0", "vlfleet_prompt_tokens_total 1200.0",
+        "vlfleet_session_reuse_total 6.0"])
+    loc = locality(metrics)
+    assert loc == {"answer_cache_hits": 2, "answer_cache_hit_ratio": 0.2, "prompt_images": 8,
+                   "vision_encoder_runs": 2, "image_kept_ratio": 0.75, "prompt_tokens_reused_ratio": 0.25,
+                   "conversations_continued": 6}
+    idle = locality("")  # a host that answered nothing yet: nothing to divide, no made-up 0 %
+    assert idle["answer_cache_hit_ratio"] is None and idle["image_kept_ratio"] is None
+    html = render(_data([_host("c1", 1.0, 40, locality=loc), _host("c2", 1.0, 40, locality=idle)]), tmp_path)
+    panel = html[html.index("<h2>Cache locality</h2>"):]
+    assert "<th>c1</th><td class='num'>20% (2)</td><td class='num'>75% (2 runs for 8 images)</td>" in panel
+    assert "<th>c2</th><td class='num'>n/a (0)</td>" in panel
