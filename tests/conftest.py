@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny synthetic model artifact; the skip-means-fail switch for CI; the e2e time budget."""
+"""Shared fixtures: the tiny synthetic model artifact; the skip-means-fail switch for CI, with its check that the
+whole suite is collected (tests/completeness.py); the e2e time budget."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tests.budget import (  # noqa: F401 (hooks: the e2e time budget, the run's 
     pytest_sessionfinish,
     pytest_sessionstart,
 )
+from tests.completeness import pytest_collection_finish, pytest_configure  # noqa: F401 (hooks: the whole suite runs)
 from tests.prereq import REQUIRE_ALL
 
 
