@@ -1,6 +1,7 @@
 """Faults on the staging fleet, each followed by its recovery: what breaks, what the fleet does by itself, how long
 it takes. Every test puts back what it broke (the fleet is shared by the e2e modules); the measuring ones keep their
-times as `faults-*.json` reports (tests/reports.py), from which docs/reliability.md's figures are generated.
+times as `faults-*.json` reports (tests/reports.py), from which docs/reliability.md's figures are generated: each
+records after its assertions, and tests/reports.py writes a report only for a test that passed.
 
   kill -9 of the service's main process        systemd restarts it; /readyz 200 again within KILL_BOUND_S
   vm1 reboots (guest `systemctl reboot`)       swap, limits and the service come back; the checklist passes
@@ -164,12 +165,12 @@ def test_kill_9_of_the_service_is_restarted_by_systemd(inventory, hosts):
     back = _poll(lambda: _main_pid(c1) not in (0, before), 60, "systemd to start a new main process", 0.5)
     ready = _poll(lambda: _readyz(c1["ansible_host"]) == 200, KILL_BOUND_S, "/readyz 200 after kill -9", 0.5)
     total = time.monotonic() - t0
-    _record("kill9", {"host": "c1", "new_pid_after_s": round(back, 1), "ready_after_s": round(total, 1),
-                      "bound_s": KILL_BOUND_S})
     assert int(_sudo(c1, "systemctl show -p NRestarts --value vlfleet.service").strip()) == restarts + 1
     journal = _sudo(c1, "journalctl -u vlfleet.service --since '-10min' --no-pager -o cat")
     assert "status=9/KILL" in journal and "Scheduled restart job" in journal, journal[-2000:]
     assert ready <= KILL_BOUND_S
+    _record("kill9", {"host": "c1", "new_pid_after_s": round(back, 1), "ready_after_s": round(total, 1),
+                      "bound_s": KILL_BOUND_S})
 
 
 # -- VM reboot -------------------------------------------------------------------------------------------------
@@ -195,10 +196,10 @@ def test_vm_reboot_brings_swap_limits_and_service_back(inventory, hosts, tmp_pat
     pid = _main_pid(vm1)
     assert re.search(r"^Max open files\s+65535\s+65535", _sudo(vm1, f"cat /proc/{pid}/limits"), re.M)
     report = _checklist(inventory, vms[0], tmp_path)
-    _record("vm-reboot", {"host": vms[0], "ssh_after_s": round(ssh_s, 1), "ready_after_s": round(ready_s, 1),
-                          "checklist_failed": report.failed_ids(vms[0])})
     assert report.failed_ids(vms[0]) == [], [(r.id, r.message) for r in report.results if r.status == "fail"]
     assert report.exit_code == 0
+    _record("vm-reboot", {"host": vms[0], "ssh_after_s": round(ssh_s, 1), "ready_after_s": round(ready_s, 1),
+                          "checklist_failed": report.failed_ids(vms[0])})
 
 
 # -- a host that goes down mid-rollout -------------------------------------------------------------------------
@@ -381,14 +382,14 @@ def test_disk_full_during_convert_leaves_no_partial_artifact(tiny_checkpoint: Pa
         done = subprocess.run([str(BIN / "vlfleet"), "model.convert", "--source", str(tiny_checkpoint), "--out",
                                str(out), "--weight-format", "int4", "--group-size", "16"], cwd=REPO,
                               capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
-        output = done.stdout + done.stderr
-        _record("disk-full-convert", {"exit": done.returncode, "seconds": round(time.monotonic() - t0, 1),
-                                      "last_line": output.strip().splitlines()[-1]})
+        seconds, output = time.monotonic() - t0, done.stdout + done.stderr
         assert done.returncode != 0
         assert "No space left on device" in output, output[-3000:]
         assert "no artifact was written" in output.strip().splitlines()[-1], output[-1000:]
         assert "Traceback" not in output.split("optimum-cli export failed")[-1]  # our own message, not a traceback
         assert not out.exists()
         assert [p.name for p in mnt.iterdir() if not p.name.endswith(".lock")] == [], list(mnt.iterdir())
+        _record("disk-full-convert", {"exit": done.returncode, "seconds": round(seconds, 1),
+                                      "last_line": output.strip().splitlines()[-1]})
     finally:
         subprocess.run(["umount", str(mnt)], timeout=60)

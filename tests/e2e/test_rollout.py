@@ -5,6 +5,8 @@ succeed. A good release reaches every host; a release whose service cannot start
 goes no further; rollback --to brings the fleet back to where it started.
 
 VLFLEET_ROLLOUT_INVENTORY=PATH runs these against an already converged fleet instead of the `staging_fleet` one.
+Each test records its report (docs/reliability.md's figures) after its assertions; tests/reports.py writes it only
+for a test that passed.
 """
 
 from __future__ import annotations
@@ -60,12 +62,12 @@ def test_rollout_under_load_reaches_every_host_with_no_failed_request(inventory,
         time.sleep(2)
     print("\n" + report.table())
     summary = load.summary()
-    record("rollout-e2e", {"release": new, "hosts": len(report.results), "rollout_s": report.seconds, **summary})
     assert report.ok, report.summary()
     assert summary["failures"] == 0, summary["failed"]
     assert summary["requests"] >= 10 and summary["streamed"] >= 5
     after = _releases(inventory)
     assert after == {h: (new, True) for h in start}, after
+    record("rollout-e2e", {"release": new, "hosts": len(report.results), "rollout_s": report.seconds, **summary})
 
 
 def test_release_that_cannot_start_is_rolled_back_on_the_canary_only(inventory, start):
@@ -76,13 +78,13 @@ def test_release_that_cannot_start_is_rolled_back_on_the_canary_only(inventory, 
         time.sleep(2)
     print("\n" + report.table())
     summary = load.summary()
-    record("rollout-bad-e2e", {"release": bad, "rollout_s": report.seconds, **summary})
     canary, *rest = report.results
     assert canary.outcome is Outcome.ROLLED_BACK, report.table()
     assert "VLFLEET_QUEUE_SIZE" in canary.message  # the reason reaches the operator
     assert [r.outcome for r in rest] == [Outcome.SKIPPED] * len(rest) and report.stopped
     assert _releases(inventory) == before  # canary back, the others never changed
     assert summary["failures"] == 0, summary["failed"]
+    record("rollout-bad-e2e", {"release": bad, "rollout_s": report.seconds, **summary})
 
 
 def test_rollback_to_the_first_release_and_status_shows_the_fleet(inventory, start):
@@ -94,7 +96,6 @@ def test_rollback_to_the_first_release_and_status_shows_the_fleet(inventory, sta
         rows = ops_fleet.status(f)
     summary = load.summary()
     print("\n" + report.table() + "\n" + ops_fleet.status_table(rows))
-    record("rollback-e2e", {"release": target, "rollback_s": report.seconds, **summary})
     assert report.ok, report.summary()
     assert summary["failures"] == 0, summary["failed"]
     assert {r["host"]: (r["serving"], r["ready"]) for r in rows} == start
@@ -103,3 +104,4 @@ def test_rollback_to_the_first_release_and_status_shows_the_fleet(inventory, sta
         assert r["uptime_s"] is not None and r["queue_depth"] is not None, r
     # hosts that served traffic since their restart have a first-token p50 from the histogram
     assert any(r["ttft_p50_s"] for r in rows), rows
+    record("rollback-e2e", {"release": target, "rollback_s": report.seconds, **summary})

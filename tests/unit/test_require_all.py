@@ -1,6 +1,6 @@
 """CI's switch, VLFLEET_REQUIRE_ALL=1 (tests/conftest.py, tests/completeness.py): a skip or an xfail fails the run, an
 option or argument that narrows the run is refused, and a test function of the tree that is not collected fails the
-session; and .ci/run runs the suite in a clean environment.
+session; and a test's reports are written only when it passed (tests/reports.py).
 
 Each case runs pytest in a subprocess on a small suite of its own, with the project's hooks in its conftest.
 """
@@ -192,6 +192,31 @@ class Other:
     assert not_collected(defined, collected) == ["t/test_a.py::test_twice (defined 2 times: only the last runs)"]
     assert not_collected(defined, collected - {"t/test_a.py::test_async"}) == [
         "t/test_a.py::test_async", "t/test_a.py::test_twice (defined 2 times: only the last runs)"]
+
+
+# -- reports are kept only for tests that passed --------------------------------------------------------------
+
+RECORDING = {"test_records.py": """\
+from tests.reports import record
+
+def test_measures_and_passes():
+    record("kept", {"seconds": 1.5})
+    assert True
+
+def test_measures_then_fails():
+    record("dropped", {"seconds": 99.0})
+    assert False, "the measured thing did not hold"
+"""}
+
+
+def test_a_report_is_written_only_when_its_test_passed(tmp_path):
+    done = run(tmp_path, RECORDING, require_all=False)
+    assert done.returncode == 1 and "1 failed, 1 passed" in done.stdout, done.stdout
+    reports = tmp_path / "cache" / "reports"
+    assert json.loads((reports / "kept.json").read_text()) == {"seconds": 1.5}
+    assert not (reports / "dropped.json").exists()
+    assert '[dropped] {"seconds": 99.0}' in done.stdout  # still in the failing run's log
+    assert "not written, suite/test_records.py::test_measures_then_fails did not pass: dropped" in done.stdout
 
 
 # -- .ci/run: the suite in a clean environment ----------------------------------------------------------------
