@@ -65,6 +65,23 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def inference_lines(self, request_id: str | None = None) -> list[dict]:
+        """The service's JSON "inference" log lines (one per answer), in order; those of one request if given."""
+        lines = [json.loads(line) for line in self.log().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("msg") == "inference"
+                and (request_id is None or line.get("request_id") == request_id)]
+
+    def wait_inference_lines(self, *request_ids: str, timeout: float = 10.0) -> list[list[dict]]:
+        """The inference lines of each request, once every one of them has one.
+
+        A generated answer's line is written after its Done event was sent (service/engine/base.py ``_finish``), so
+        it can come after the response, and after the line of a later request answered from the cache: wait for
+        every line a test reads, not only for the last request's.
+        """
+        wait_for(lambda: all(self.inference_lines(rid) for rid in request_ids), timeout,
+                 f"an inference log line of each of the requests {', '.join(request_ids)}")
+        return [self.inference_lines(rid) for rid in request_ids]
+
     def wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

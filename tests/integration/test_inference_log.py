@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import requests
 
 from tests.integration.conftest import image_message, png_bytes
-from tests.servers import wait_for
 
 FIELDS = {"request_id", "cache", "finish_reason", "images", "queue_wait_s", "image_encode_s", "first_token_s",
           "total_s", "prompt_tokens", "completion_tokens", "ms_per_token", "prefix_reuse", "rss_mib"}
-
-
-def _inference_lines(service, request_id: str) -> list[dict]:
-    lines = [json.loads(ln) for ln in service.log().splitlines() if ln.startswith("{")]
-    return [ln for ln in lines if ln.get("msg") == "inference" and ln.get("request_id") == request_id]
 
 
 def _ask(service, request_id: str, stream: bool) -> requests.Response:
@@ -33,8 +26,7 @@ def _ask(service, request_id: str, stream: bool) -> requests.Response:
 def test_streamed_answer_logs_one_line_with_every_field(service):
     rid = uuid.uuid4().hex[:16]
     assert "data: [DONE]" in _ask(service, rid, stream=True).text
-    wait_for(lambda: _inference_lines(service, rid), 10, "the inference log line")
-    (line,) = _inference_lines(service, rid)
+    [[line]] = service.wait_inference_lines(rid)
     assert set(line) >= FIELDS, FIELDS - set(line)
     assert line["cache"] == "miss" and line["finish_reason"] == "length" and line["images"] == 1
     assert line["completion_tokens"] == 6 and line["prompt_tokens"] > 6
@@ -50,8 +42,8 @@ def test_cached_answer_logs_a_hit(service):
     for rid in (first, again):
         r = requests.post(service.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}, timeout=120)
         assert r.status_code == 200, r.text
-    wait_for(lambda: _inference_lines(service, again), 10, "the cached answer's log line")
-    (miss,), (hit,) = _inference_lines(service, first), _inference_lines(service, again)
+    # The hit's line is written before its answer; the miss's after its answer went out: wait for both.
+    [miss], [hit] = service.wait_inference_lines(first, again)
     assert miss["cache"] == "miss" and hit["cache"] == "hit"
     assert hit["completion_tokens"] == miss["completion_tokens"] and hit["finish_reason"] == miss["finish_reason"]
     assert hit["queue_wait_s"] == 0 and hit["images"] == 0

@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -69,15 +70,16 @@ def llama_children(server: servers.Server) -> list[psutil.Process]:
     return [p for p in psutil.Process(server.proc.pid).children(recursive=True) if p.name() == "llama-server"]
 
 
-def inference_lines(server: servers.Server) -> list[dict]:
-    lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
-    return [line for line in lines if line.get("msg") == "inference"]
+def request_id() -> dict:
+    """A request id of its own for a request (its inference log line is found by it)."""
+    return {"X-Request-Id": uuid.uuid4().hex[:16]}
 
 
 def test_a_streamed_answer_arrives_over_sse(client, service):
+    streamed, replayed = request_id(), request_id()
     stream = client.chat.completions.create(model=MODEL, messages=[image_message("What is on the table?")],
                                             max_tokens=8, stream=True, stream_options={"include_usage": True},
-                                            extra_body={"ignore_eos": True})
+                                            extra_body={"ignore_eos": True}, extra_headers=streamed)
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -85,10 +87,14 @@ def test_a_streamed_answer_arrives_over_sse(client, service):
     assert chunks[-1].usage.completion_tokens == 8 and chunks[-1].usage.prompt_tokens > 14  # the image's tokens
     # The same greedy request again: the answer cache replays the same text.
     again = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[image_message("What is on the table?")], max_tokens=8, extra_body={"ignore_eos": True})
+        model=MODEL, messages=[image_message("What is on the table?")], max_tokens=8, extra_body={"ignore_eos": True},
+        extra_headers=replayed)
     assert again.headers["X-Cache"] == "hit" and again.parse().choices[0].message.content == text
-    line = inference_lines(service)[-2]  # the streamed one; the replay logs the last line
+    # The streamed answer's line is written after its last event went out, the replay's before its answer: the
+    # streamed one can be the later of the two, so wait for both.
+    [line], [hit] = service.wait_inference_lines(streamed["X-Request-Id"], replayed["X-Request-Id"])
     assert line["cache"] == "miss" and line["completion_tokens"] == 8 and line["images"] == 1
+    assert hit["cache"] == "hit" and hit["completion_tokens"] == 8
 
 
 def test_the_web_ui_stream_carries_the_service_events(service, tmp_path):
@@ -110,21 +116,24 @@ def test_a_follow_up_resending_image_and_history_reuses_the_cached_prompt(client
     cached_before = service.metric("vlfleet_reused_prompt_tokens_total")
     history = [question, {"role": "assistant", "content": first.choices[0].message.content},
                {"role": "user", "content": "And on the right?"}]
-    follow = client.chat.completions.with_raw_response.create(model=MODEL, max_tokens=6, messages=history)
+    ids = request_id()
+    follow = client.chat.completions.with_raw_response.create(model=MODEL, max_tokens=6, messages=history,
+                                                              extra_headers=ids)
     assert follow.headers["X-Session-Reused"] == "1"
     # llama-server took at least the whole first prompt (image included) from its KV cache.
     assert service.metric("vlfleet_reused_prompt_tokens_total") - cached_before >= first.usage.prompt_tokens
     assert follow.parse().usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
     # The log line is written just after the answer's last event: wait for it.
-    servers.wait_for(lambda: inference_lines(service)[-1]["prompt_tokens"] == follow.parse().usage.prompt_tokens,
-                     10, "the follow-up's log line")
-    assert inference_lines(service)[-1]["prefix_reuse"] is True
+    [[line]] = service.wait_inference_lines(ids["X-Request-Id"])
+    assert line["prompt_tokens"] == follow.parse().usage.prompt_tokens and line["prefix_reuse"] is True
 
 
 def test_a_client_that_hangs_up_frees_the_engine(client, service):
     cancelled = service.metric("vlfleet_cancelled_requests_total")
+    ids = request_id()
     stream = client.chat.completions.create(model=MODEL, messages=[image_message("Count to a million.")],
-                                            max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True})
+                                            max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True},
+                                            extra_headers=ids)
     pieces = 0
     for chunk in stream:
         pieces += bool(chunk.choices and chunk.choices[0].delta.content)
@@ -135,8 +144,8 @@ def test_a_client_that_hangs_up_frees_the_engine(client, service):
     started = time.monotonic()
     after = client.chat.completions.create(model=MODEL, messages=[image_message("And now?")], max_tokens=4)
     assert after.choices[0].message.content is not None and time.monotonic() - started < 20
-    stopped = next(line for line in reversed(inference_lines(service)) if line["finish_reason"] == "cancelled")
-    assert 3 <= stopped["completion_tokens"] < MAX_TOKENS
+    [[stopped]] = service.wait_inference_lines(ids["X-Request-Id"])
+    assert stopped["finish_reason"] == "cancelled" and 3 <= stopped["completion_tokens"] < MAX_TOKENS
 
 
 def test_a_prompt_over_the_limit_is_a_400_naming_limit_and_count(client):
