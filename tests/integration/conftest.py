@@ -15,6 +15,9 @@ from tests import servers
 def service(tiny_model, tmp_path_factory):
     # A high token cap so tests can hold the inference thread busy with ignore_eos requests; follow-ups carry such
     # answers, so the prompt limit is raised too (tests/integration/test_prompt_limits.py tests the limits).
+    # The answer cache is on (its default), and consulted before the engine with a key that ignores `stream` and the
+    # web UI's session: a test that compares one answer with another makes each one its own key (a seed, which
+    # greedy decoding ignores) and asserts X-Cache: miss on both (test_api_clients.generated).
     server = servers.start(tiny_model, tmp_path_factory.mktemp("service"), VLFLEET_MAX_TOKENS="4096",
                            VLFLEET_MAX_INPUT_TOKENS="65536")
     yield server
