@@ -1,7 +1,8 @@
 """Answers to identical deterministic requests, replayed from memory in the same SSE shape.
 
-The key is a hash of the image hashes, the turns, the generation parameters and the artifact: never the
-image itself. Bounded by entries and bytes (LRU); requests that sample without a seed are never cached.
+The key is a hash of the image hashes, the turns (and the session they continue), the generation parameters and
+the artifact: never the image itself. Bounded by entries and bytes (LRU); requests that sample without a seed are
+never cached.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def cache_key(conversation: Conversation, sampling: Sampling, model_id: str) -> 
     turns = [[t.role, t.text, [img.digest for img in t.images]] for t in conversation.turns]
     params = [sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.seed, list(sampling.stop),
               sampling.ignore_eos]
-    return hashlib.sha256(json.dumps([model_id, turns, params]).encode()).hexdigest()
+    # A web UI follow-up sends its new question alone: the session id (the content key of the turns it continues)
+    # stands for the rest, or two sessions asking the same follow-up would share one answer.
+    return hashlib.sha256(json.dumps([model_id, conversation.session, turns, params]).encode()).hexdigest()
 
 
 class AnswerCache:

@@ -37,12 +37,15 @@ def max_wait(headers) -> float | None:
     return value
 
 
-def reuse_headers(started: Started | None) -> dict[str, str]:
-    """What the host reused for this answer: the answer cache, a cached conversation, its encoded images."""
+def reuse_headers(started: Started | None, queued_s: float) -> dict[str, str]:
+    """What the host reused for this answer (the answer cache, a cached conversation, its encoded images), and how
+    long the request waited in its queue (what a client's first token owes the host's load, not its caches)."""
+    replayed = started is not None and started.cache == "hit"  # never queued
+    wait = {"X-Queue-Wait": f"{0.0 if replayed else max(0.0, queued_s):.3f}"}
     if started is None:
-        return {"X-Session-Reused": "0", "X-Cache": "miss", "X-Image-Cache": "none"}
+        return {"X-Session-Reused": "0", "X-Cache": "miss", "X-Image-Cache": "none", **wait}
     return {"X-Session-Reused": "1" if started.reused_session else "0", "X-Cache": started.cache,
-            "X-Image-Cache": image_cache(started.images, started.images_cached)}
+            "X-Image-Cache": image_cache(started.images, started.images_cached), **wait}
 
 
 def image_cache(images: int, cached: int) -> str:

@@ -39,7 +39,7 @@ class JobStream:
             if isinstance(event, Started):
                 self.started = event
             self._head.append(event)
-            return reuse_headers(self.started)
+            return reuse_headers(self.started, time.monotonic() - self.job.enqueued_at)
         raise APIError("job ended without events", 500)
 
     def events(self) -> Iterator[Event]:

@@ -66,6 +66,7 @@ class Turn:
     session_reused: bool = False
     status: int = 0
     first_token_s: float | None = None
+    queue_wait_s: float = 0.0  # X-Queue-Wait: waited behind other requests on its host, not for its own work
     error: str = ""
 
 
@@ -97,6 +98,7 @@ class Client:
         turn.answer_cache = headers.get("X-Cache", "")
         turn.image_cache = headers.get("X-Image-Cache", "")
         turn.session_reused = headers.get("X-Session-Reused") == "1"
+        turn.queue_wait_s = float(headers.get("X-Queue-Wait") or 0)
 
     def openai(self, turn: Turn, messages: list[dict]) -> str:
         """A streamed chat completion with the openai SDK; returns the answer's text."""
@@ -217,23 +219,34 @@ def run(inventory: Inventory, plan: Plan, label: str, echo: Callable[[str], None
         t.join(timeout=plan.max_seconds + plan.timeout_s)
     after = {name: metrics(url) for name, url in host_urls.items()}
     per_host = {name: {k: after[name][k] - before[name][k] for k in COUNTERS} for name in host_urls}
+    seconds = round(time.monotonic() - started, 1)
     return {
         "version": RESULT_VERSION, "label": label, "run_id": run_id,
         "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine.describe(), "fleet": {"hosts": sorted(host_urls), "lb": lbs[0].name,
                                                  "kinds": {h.name: h.var("vlfleet_staging_kind", "") for h in hosts}},
-        "plan": asdict(plan), "seconds": round(time.monotonic() - started, 1),
+        "plan": asdict(plan),
         "turns": [asdict(t) for t in sorted(turns, key=lambda t: (t.conversation, t.turn, t.client == "repeat"))],
-        "hosts": per_host, "summary": summarize(turns, per_host, plan),
+        "hosts": per_host, "summary": {"clients": plan.clients, "seconds": seconds,
+                                       **summarize(turns, per_host, plan)},
     }
+
+
+def _ratio_to_first(follow: list[Turn], firsts: dict[int, Turn], queue: bool) -> float | None:
+    """Median over follow-ups of their first token / their conversation's first question's; without the queue
+    wait (``queue`` False) it is what the host's caches saved, whatever else the host was busy with."""
+    def cost(t: Turn) -> float | None:
+        return t.first_token_s if queue or t.first_token_s is None else max(1e-3, t.first_token_s - t.queue_wait_s)
+
+    ratios = [cost(t) / cost(firsts[t.conversation]) for t in follow
+              if cost(t) and t.conversation in firsts and cost(firsts[t.conversation])]
+    return round(statistics.median(ratios), 3) if ratios else None
 
 
 def summarize(turns: list[Turn], per_host: dict[str, dict[str, float]], plan: Plan) -> dict:
     asked = [t for t in turns if t.client != "repeat"]
     firsts = {t.conversation: t for t in asked if t.turn == 0}
     follow = [t for t in asked if t.turn > 0]
-    ratios = [t.first_token_s / firsts[t.conversation].first_token_s for t in follow
-              if t.first_token_s and firsts.get(t.conversation) and firsts[t.conversation].first_token_s]
     repeats = [t for t in turns if t.client == "repeat"]
     stayed = [t for t in follow if firsts.get(t.conversation) and t.host == firsts[t.conversation].host]
     served = Counter(t.host for t in turns if t.host)
@@ -241,11 +254,12 @@ def summarize(turns: list[Turn], per_host: dict[str, dict[str, float]], plan: Pl
     total = {k: sum(h[k] for h in per_host.values()) for k in COUNTERS}
     return {
         "requests": len(turns), "failed": sum(1 for t in turns if t.error or t.status != 200),
-        "followup_first_token_ratio": round(statistics.median(ratios), 3) if ratios else None,
+        "followup_first_token_ratio": _ratio_to_first(follow, firsts, queue=True),
+        "followup_first_token_ratio_without_queue": _ratio_to_first(follow, firsts, queue=False),
         "followups_on_first_host": round(len(stayed) / len(follow), 3) if follow else None,
         "repeats_from_answer_cache": round(sum(t.answer_cache == "hit" for t in repeats) / len(repeats), 3)
         if repeats else None,
-        "overflowed": sum(t.route == "overflow" for t in turns),
+        "overflowed": sum(t.route in ("spill", "overflow") for t in turns),  # went past the key's host
         "vision_encoder_runs": int(total["vision_encoder_runs"]),
         # each conversation's image must be encoded once; what is over that is a follow-up or repeat on a cold host
         "vision_encoder_runs_over_one_per_image": int(total["vision_encoder_runs"]) - plan.conversations,
@@ -259,7 +273,10 @@ def summarize(turns: list[Turn], per_host: dict[str, dict[str, float]], plan: Pl
 # --- the results directory: one JSON per run, one markdown table of them all ----------------------------------
 
 COLUMNS = (  # (header, summary key, format)
+    ("clients at once", "clients", "{}"),
+    ("whole workload", "seconds", "{:.0f} s"),
     ("follow-up first token / first question's (median)", "followup_first_token_ratio", "{:.2f}x"),
+    ("the same without queue waits", "followup_first_token_ratio_without_queue", "{:.2f}x"),
     ("follow-ups on the first question's host", "followups_on_first_host", "{:.0%}"),
     ("repeats answered from the answer cache", "repeats_from_answer_cache", "{:.0%}"),
     ("vision encoder runs (one per image: {images})", "vision_encoder_runs", "{}"),
@@ -288,7 +305,7 @@ def render(results: list[dict]) -> str:
         "",
         f"- CPU: {m['cpu']} ({m['cpus']} cores; {' '.join(m['isa'])})",
         f"- fleet: {fleet} behind {first['fleet']['lb']}",
-        f"- workload: {plan['conversations']} conversations, {plan['clients']} at once, each a first question "
+        f"- workload: {plan['conversations']} conversations, each a first question "
         f"about its own {plan['image_px'][0]}x{plan['image_px'][1]} image and {plan['followups']} follow-ups "
         "(web UI sessions and openai-SDK clients re-sending image and history, alternately), plus the same "
         f"first question from another client; {plan['tokens']} tokens per answer",

@@ -27,6 +27,17 @@ def test_key_changes_with_image_text_and_parameters():
     assert base != cache_key(conv(), Sampling(16), "other-artifact")
 
 
+def test_a_session_follow_up_is_keyed_by_the_session_it_continues():
+    follow_up = (Turn("user", "And the colour?"),)
+    a = cache_key(Conversation(follow_up, session="session-a", by_session=True), Sampling(16), "m")
+    b = cache_key(Conversation(follow_up, session="session-b", by_session=True), Sampling(16), "m")
+    assert a != b  # the same words after different conversations
+    assert a == cache_key(Conversation(follow_up, session="session-a", by_session=True), Sampling(16), "m")
+    # a first question has no session, so the web UI's and an API client's same first question share a key
+    assert cache_key(Conversation(follow_up, by_session=True), Sampling(16), "m") == cache_key(
+        Conversation(follow_up), Sampling(16), "m")
+
+
 def test_key_never_contains_the_image():
     key = cache_key(conv(), Sampling(16), "m")
     assert len(key) == 64 and "digest" not in key

@@ -47,7 +47,9 @@ def test_a_cancelled_job_is_not_picked_up():
 def test_job_stream_reports_the_start_and_collects_the_answer():
     answer = CachedAnswer(("a", "b"), "length", prompt_tokens=1, completion_tokens=2)
     stream = JobStream(replay(CONV, Sampling(max_tokens=2), "r4", answer), queue_timeout=60)
-    assert stream.wait_started() == {"X-Session-Reused": "0", "X-Cache": "hit"}
+    headers = stream.wait_started()
+    assert headers.pop("X-Queue-Wait") == "0.000"  # a replay never queues
+    assert headers == {"X-Session-Reused": "0", "X-Cache": "hit", "X-Image-Cache": "none"}  # a text question
     done = stream.collect()
     assert (done.text, done.finish_reason) == ("ab", "length")
     assert stream.first_token_at is not None
@@ -64,7 +66,9 @@ def test_sse_body_renders_events_and_writes_keepalives():
     job = Job(CONV, Sampling(max_tokens=8), "r6")
     job.put(Started(reused_session=True, images=1, cache="miss"))
     stream = JobStream(job, queue_timeout=60)
-    assert stream.wait_started() == {"X-Session-Reused": "1", "X-Cache": "miss"}
+    headers = stream.wait_started()
+    assert float(headers.pop("X-Queue-Wait")) >= 0
+    assert headers == {"X-Session-Reused": "1", "X-Cache": "miss", "X-Image-Cache": "miss"}
     stream._events = iter([KEEPALIVE, Token("x"), Failed(Overloaded("gone", 503, retry_after=1))])
     rendered = list(sse_body(stream, lambda e: type(e).__name__, ": ka\n\n"))
     assert rendered == ["Started", ": ka\n\n", "Token", "Failed"]
