@@ -1,13 +1,18 @@
 """`vlfleet bench`: every measurement of issue 9 in one run, written as results/bench.json, .md and PNGs.
 
-Sections run in order and each failure is recorded, not fatal, so one broken part still leaves the
-rest of the numbers. Every answer about a first question uses a fresh image (a different seed, same size
-and statistics) so no run is a prefix-cache hit on an earlier one; repeats of the *same* request would
+The run is a table of sections (``table``) that ``run`` walks in order. Each section is a top-level function of the
+run (``Bench``: the plan, the inputs, what was measured so far) that yields its parts of bench.json as it measures
+them. A failure is recorded, not fatal, so one broken part still leaves the rest of the numbers (and what the section
+yielded before it failed). What a section depends on is in its row: ``requires`` (sections it needs: added to the
+run with it, and it is skipped when one of them failed) and ``server`` (it runs on the int4 service on the default
+engine, which the rows with it share). Every answer about a first question uses a fresh image (a different seed,
+same size and statistics) so no run is a prefix-cache hit on an earlier one; repeats of the *same* request would
 measure caches, not the model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -15,8 +20,9 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Set
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 
@@ -78,21 +84,12 @@ def parse_only(only: str | None) -> tuple[str, ...]:
     return tuple(s for s in SECTIONS + EXTRA_SECTIONS if s in wanted)
 
 
-def service_engines() -> tuple[tuple[str, ...], str | None]:
-    """Engines the service offers (VLFLEET_ENGINE) and its default; ("serial",) before that setting exists."""
-    from service.settings import FIELDS
+def service_engines() -> tuple[tuple[str, ...], str]:
+    """The engines the service runs the int4 (OpenVINO IR) artifact on, and the one it runs by default: VLFLEET_ENGINE's
+    choices and default (service.contract). llamacpp serves GGUF artifacts: the peer and tune sections measure it."""
+    from service.contract import DEFAULT_ENGINE, ENGINES
 
-    engine = next((f for f in FIELDS if f.name == "engine"), None)
-    if engine is None:
-        raise LookupError("service/settings.py has no engine field (VLFLEET_ENGINE): the bench reads its default there")
-    names = []
-    for candidate in ("serial", "direct", "batching"):
-        try:
-            engine.parse(candidate)
-            names.append(candidate)
-        except ValueError:
-            pass
-    return tuple(names) or (engine.default,), engine.default
+    return tuple(e for e in ENGINES if e != "llamacpp"), DEFAULT_ENGINE
 
 
 class Progress:
@@ -195,6 +192,242 @@ class PeerInputs:
     build: dict  # ops.llamacpp.build's build.json: version, flags, CPU it was tuned for, build time
 
 
+@dataclass(frozen=True)
+class Bench:
+    """What every section is given: the plan, the 2b-shape inputs (each a function that builds it on first use), the
+    progress line, the engine the service runs by default, the sections that run (the plan's and what they require)
+    and the results so far (sections read them; ``run`` adds what they yield)."""
+
+    plan: Plan
+    artifact: Callable[[str], Path]
+    checkpoint: Callable[[], Path]
+    peer_inputs: Callable[[], PeerInputs] | None
+    say: Progress
+    default_engine: str
+    wanted: frozenset[str]
+    results: dict
+
+    def server(self, fmt: str, log: str, env: dict[str, str] | None = None) -> Server:
+        self.say(f"starting the service on the {fmt} artifact {env or ''}")
+        return Server(self.artifact(fmt), self.plan.log_dir / log, env)
+
+
+def _int4(part: dict) -> dict:
+    """``part`` of the int4 service's entry in bench.json."""
+    return {"service": {"int4": part}}
+
+
+def machine(b: Bench) -> Iterator[dict]:
+    """Read bandwidth and the decode floor it sets per weight format, matmul peak, the int4 decode step's parts."""
+    bw = bandwidth.measure_bandwidth()
+    b.say(f"read bandwidth {bw.one_thread / 1e9:.1f} GB/s one thread, {bw.all_threads / 1e9:.1f} GB/s "
+          f"{bw.threads} threads")
+    limit: dict = {"bandwidth": bw.as_dict(), "weights": {}, "floor_ms_per_token": {}}
+    for fmt in ("int4", "int8"):
+        w = bandwidth.artifact_weight_bytes(b.artifact(fmt))
+        limit["weights"][fmt] = w.as_dict()
+        limit["floor_ms_per_token"][fmt] = bandwidth.floor_ms_per_token(w.total, bw.all_threads)
+        b.say(f"{fmt}: {w.total / 1e9:.3f} GB of language-model weights per token -> floor "
+              f"{limit['floor_ms_per_token'][fmt]:.1f} ms/token")
+    int4 = b.artifact("int4")
+    config = json.loads((int4 / "config.json").read_text())
+    limit["kv_bytes_per_token"] = bandwidth.kv_bytes_per_token(config, 200 + b.plan.tokens)
+    kernels = compute.measure_kernels(config, b.say)
+    best = max(kernels, key=lambda k: k.flops_per_s)
+    limit["compute"] = {"kernels": [k.as_dict() for k in kernels], "peak": best.as_dict(),
+                        "repeats": compute.REPEATS, "flop_model": asdict(compute.FlopModel.of_config(config)),
+                        "vision_grid": asdict(VisionGrid.of_model(int4))}
+    decode = decode_profile.profile_decode(int4, decode_profile.service_lm_properties(int4))
+    rates = decode.stream_rates(limit["weights"]["int4"])
+    limit["decode"] = decode.as_dict() | {"stream_bytes_per_s": rates}
+    b.say(f"int4 decode step in process: {decode.ms_per_token:.1f} ms; weights stream at "
+          + ", ".join(f"{rate / 1e9:.1f} GB/s ({part})" for part, rate in rates.items()))
+    yield {"machine_limit": limit}
+
+
+def baselines(b: Bench) -> Iterator[dict]:
+    """transformers fp32 and bf16 on the checkpoint, each in a subprocess."""
+    for dtype in ("fp32", "bf16"):
+        b.say(f"transformers {dtype}: subprocess, {b.plan.baseline_runs} runs after a warm-up")
+        r = baseline.run_subprocess(b.checkpoint(), dtype, b.plan.tokens, b.plan.baseline_runs)
+        yield {"baselines": {dtype: r}}
+        b.say(f"transformers {dtype}: first token {r['first_token_s']:.2f}s, {r['ms_per_token']:.1f} ms/token, "
+              f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB")
+
+
+def int8(b: Bench) -> Iterator[dict]:
+    with b.server("int8", "int8.log") as s:
+        b.say(f"int8 ready after {s.cold_start_s:.1f}s")
+        entry = {"cold_start_s": s.cold_start_s, "image_416": _answers(s.url, b.plan, 416, 277, 0, b.say, "int8")}
+        entry["peak_rss_bytes"] = s.peak_rss()["worker"]
+        entry["memory"] = s.memory()
+    yield {"service": {"int8": entry}}
+
+
+def int4(b: Bench, s: Server) -> Iterator[dict]:
+    """The int4 service on the default engine: its cold start and single answers (the rows after it reuse it)."""
+    b.say(f"int4 ready after {s.cold_start_s:.1f}s")
+    yield _int4({"engine": b.default_engine, "cold_start_s": s.cold_start_s})
+    r = _answers(s.url, b.plan, 416, 277, 0, b.say, "int4 416x277")
+    yield _int4({"image_416": {**r, "model_size": seen_size(s, 416, 277)}})
+
+
+def images(b: Bench, s: Server) -> Iterator[dict]:
+    """The 416x277 answers (the int4 section's), a 1200x800 image downscaled, and at each image_url.detail."""
+    yield _int4({"images": {"416x277": {**b.results["service"]["int4"]["image_416"], "downscale": "on",
+                                        "sent_size": "416x277", "model_size": seen_size(s, 416, 277)}}})
+    w, h = FULL_SIDE
+    r = _answers(s.url, b.plan, w, h, 500, b.say, f"int4 {w}x{h} downscaled")
+    yield _int4({"images": {f"{w}x{h}": {**r, "downscale": "on", "sent_size": f"{w}x{h}",
+                                         "model_size": seen_size(s, w, h)}}})
+    for detail in ("low", "high"):  # the client's choice of budget (image_url.detail), same image size
+        r = _answers(s.url, b.plan, w, h, 600, b.say, f"int4 {w}x{h} detail {detail}", detail)
+        yield _int4({"images": {f"{w}x{h} detail {detail}": {**r, "downscale": "on", "sent_size": f"{w}x{h}",
+                                                             "detail": detail,
+                                                             "model_size": seen_size(s, w, h, detail)}}})
+
+
+def followup(b: Bench, s: Server) -> Iterator[dict]:
+    yield _int4({"followup": _followup(s.url, b.plan, b.say)})
+
+
+def int4_memory(b: Bench, s: Server) -> Iterator[dict]:
+    """Where the int4 service's RSS is after the single answers: anonymous (plugin buffers) vs file-backed (mmap)."""
+    peak, memory = s.peak_rss()["worker"], s.memory()
+    yield _int4({"peak_rss_bytes": peak, "memory": memory})
+    b.say(f"int4 peak RSS (worker VmHWM) {peak / 1e9:.2f} GB; now {memory}")
+
+
+def concurrency_default(b: Bench, s: Server) -> Iterator[dict]:
+    yield {"concurrency": {b.default_engine: _concurrency(s.url, b.plan, b.say, b.default_engine)}}
+
+
+def int4_peak_after_concurrency(b: Bench, s: Server) -> Iterator[dict]:
+    yield _int4({"peak_rss_after_concurrency_bytes": s.peak_rss()["worker"]})
+
+
+def images_full_size(b: Bench) -> Iterator[dict]:
+    """The 1200x800 image with the service's downscaling off (its own service: VLFLEET_IMAGE_MAX_SIDE=0)."""
+    w, h = FULL_SIDE
+    with b.server("int4", "int4-full.log", {"VLFLEET_IMAGE_MAX_SIDE": "0"}) as s:
+        r = _answers(s.url, b.plan, w, h, 500, b.say, f"int4 {w}x{h} full size")
+        size = seen_size(s, w, h)
+    yield _int4({"images": {f"{w}x{h} (no downscale)": {**r, "downscale": "off", "sent_size": f"{w}x{h}",
+                                                        "model_size": size}}})
+
+
+def other_engine(b: Bench, engine: str) -> Iterator[dict]:
+    """The same int4 artifact on another engine: single answers, then the follow-up and concurrency sections that
+    were asked for."""
+    key = f"int4_{engine}"
+    with b.server("int4", f"int4-{engine}.log", {"VLFLEET_ENGINE": engine}) as s:
+        yield {"service": {key: {"engine": engine, "cold_start_s": s.cold_start_s,
+                                 "image_416": _answers(s.url, b.plan, 416, 277, 0, b.say, f"int4 {engine} 416x277")}}}
+        if "followup" in b.wanted:
+            yield {"service": {key: {"followup": _followup(s.url, b.plan, b.say)}}}
+        yield {"service": {key: {"peak_rss_bytes": s.peak_rss()["worker"]}}}
+        if "concurrency" in b.wanted:
+            yield {"concurrency": {engine: _concurrency(s.url, b.plan, b.say, engine)}}
+
+
+def overhead(b: Bench) -> Iterator[dict]:
+    result = service_overhead.measure(b.artifact("int4"), b.plan.runs, b.plan.tokens)
+    yield {"overhead": result}
+    verdicts = result["comparison"]
+    b.say(f"HTTP+SSE / in-process: first token x{result['first_token_s_ratio']:.3f} "
+          f"({verdicts['first_token_s']['summary']}), ms/token x{result['ms_per_token_ratio']:.3f} "
+          f"({verdicts['ms_per_token']['summary']})")
+
+
+def peer(b: Bench) -> Iterator[dict]:
+    if b.peer_inputs is None:
+        raise RuntimeError("this run was given no llama-server to measure (peer_inputs)")
+    b.say("llama-server: llama.cpp build and 2b GGUF artifact (cached; the first build takes 10-20 min)")
+    yield {"peer": measure_peer(b.peer_inputs(), b.plan, b.say)}
+
+
+def tune(b: Bench) -> Iterator[dict]:
+    yield {"tune": tune_engines(b.plan, b.artifact, b.peer_inputs, b.say)}
+
+
+def tune_load(b: Bench) -> Iterator[dict]:
+    yield {"tune_load": tune_engines(b.plan, b.artifact, b.peer_inputs, b.say, clients=b.plan.tune_clients)}
+
+
+def levers(b: Bench) -> Iterator[dict]:
+    yield {"levers": lever_ab(b.plan, b.artifact, b.say)}
+
+
+@dataclass(frozen=True)
+class Section:
+    """One row of the run. ``measure`` runs when ``name`` (or one of ``when``, if given) is among the sections that
+    run, unless a section of ``requires`` failed; its failure is recorded under ``name``. ``requires`` also adds
+    those sections to the run. A ``server`` row is given the int4 service on the default engine: started for the
+    first such row (as part of it), stopped before the next row without it."""
+
+    name: str
+    measure: Callable[..., Iterator[dict]]
+    requires: tuple[str, ...] = ()
+    when: tuple[str, ...] = ()
+    server: bool = False
+
+    def selected(self, wanted: Set[str]) -> bool:
+        return not wanted.isdisjoint(self.when or (self.name,))
+
+
+def table(engines: tuple[str, ...], default_engine: str) -> tuple[Section, ...]:
+    """The run's rows in order: images, followup and concurrency on the int4 service the int4 section starts, then
+    the images without downscaling on a service of their own, and one row per other engine for followup and
+    concurrency."""
+    on_int4 = {"requires": ("int4",), "server": True}
+    return (
+        Section("machine", machine),
+        Section("baselines", baselines),
+        Section("int8", int8),
+        Section("int4", int4, server=True),
+        Section("images", images, **on_int4),
+        Section("followup", followup, **on_int4),
+        Section("int4", int4_memory, **on_int4),
+        Section("concurrency", concurrency_default, **on_int4),
+        Section("int4", int4_peak_after_concurrency, when=("concurrency",), **on_int4),
+        Section("images", images_full_size, requires=("int4",)),
+        *(Section(f"engine {engine}", partial(other_engine, engine=engine), requires=("int4",),
+                  when=("followup", "concurrency")) for engine in engines if engine != default_engine),
+        Section("overhead", overhead),
+        Section("peer", peer),
+        Section("tune", tune),
+        Section("tune_load", tune_load),
+        Section("levers", levers),
+    )
+
+
+def expand(rows: tuple[Section, ...], asked: tuple[str, ...]) -> frozenset[str]:
+    """The sections that run: those ``asked`` for and every section a row that runs requires."""
+    wanted = set(asked)
+    while more := {r for row in rows if row.selected(wanted) for r in row.requires} - wanted:
+        wanted |= more
+    return frozenset(wanted)
+
+
+def _merge(into: dict, part: dict) -> None:
+    """``part`` of bench.json into ``into``: dicts merged key by key, anything else replaced."""
+    for key, value in part.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+@contextlib.contextmanager
+def _recorded(name: str, b: Bench) -> Iterator[None]:
+    """A failure inside is recorded under ``name`` in the results, and the run goes on; Ctrl-C goes up."""
+    try:
+        yield
+    except Exception as e:
+        b.results["errors"][name] = f"{type(e).__name__}: {e}"[:500]
+        b.say(f"{name} FAILED: {b.results['errors'][name]}")
+
+
 def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Path],
         peer_inputs: Callable[[], PeerInputs] | None = None) -> dict:
     """Run ``plan``; ``artifact(fmt)`` / ``checkpoint()`` / ``peer_inputs()`` give (and build if needed) the
@@ -205,160 +438,34 @@ def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Pa
     results: dict = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": _machine(),
                               "tokens": plan.tokens, "runs": plan.runs, "baseline_runs": plan.baseline_runs,
                               "sections": list(plan.sections), "image": "416x277 PNG (a fresh seed per run)",
-                              "engines": list(plan.engines), "default_engine": default_engine or "serial"},
+                              "engines": list(plan.engines), "default_engine": default_engine},
                      "service": {}, "errors": {}}
-
-    def section(name: str, fn: Callable[[], None], label: str | None = None) -> None:
-        if name not in plan.sections:
-            return
-        label = label or name
-        say(f"== {label}")
-        try:
-            fn()
-        except Exception as e:  # recorded in the results; the other sections still run
-            results["errors"][label] = f"{type(e).__name__}: {e}"[:500]
-            say(f"{label} FAILED: {results['errors'][label]}")
-
-    def machine() -> None:
-        bw = bandwidth.measure_bandwidth()
-        say(f"read bandwidth {bw.one_thread / 1e9:.1f} GB/s one thread, {bw.all_threads / 1e9:.1f} GB/s "
-            f"{bw.threads} threads")
-        limit: dict = {"bandwidth": bw.as_dict(), "weights": {}, "floor_ms_per_token": {}}
-        for fmt in ("int4", "int8"):
-            w = bandwidth.artifact_weight_bytes(artifact(fmt))
-            limit["weights"][fmt] = w.as_dict()
-            limit["floor_ms_per_token"][fmt] = bandwidth.floor_ms_per_token(w.total, bw.all_threads)
-            say(f"{fmt}: {w.total / 1e9:.3f} GB of language-model weights per token -> floor "
-                f"{limit['floor_ms_per_token'][fmt]:.1f} ms/token")
-        int4 = artifact("int4")
-        config = json.loads((int4 / "config.json").read_text())
-        limit["kv_bytes_per_token"] = bandwidth.kv_bytes_per_token(config, 200 + plan.tokens)
-        kernels = compute.measure_kernels(config, say)
-        best = max(kernels, key=lambda k: k.flops_per_s)
-        limit["compute"] = {"kernels": [k.as_dict() for k in kernels], "peak": best.as_dict(),
-                            "repeats": compute.REPEATS, "flop_model": asdict(compute.FlopModel.of_config(config)),
-                            "vision_grid": asdict(VisionGrid.of_model(int4))}
-        decode = decode_profile.profile_decode(int4, decode_profile.service_lm_properties(int4))
-        rates = decode.stream_rates(limit["weights"]["int4"])
-        limit["decode"] = decode.as_dict() | {"stream_bytes_per_s": rates}
-        say(f"int4 decode step in process: {decode.ms_per_token:.1f} ms; weights stream at "
-            + ", ".join(f"{rate / 1e9:.1f} GB/s ({part})" for part, rate in rates.items()))
-        results["machine_limit"] = limit
-
-    def baselines() -> None:
-        results["baselines"] = {}
-        for dtype in ("fp32", "bf16"):
-            say(f"transformers {dtype}: subprocess, {plan.baseline_runs} runs after a warm-up")
-            r = baseline.run_subprocess(checkpoint(), dtype, plan.tokens, plan.baseline_runs)
-            results["baselines"][dtype] = r
-            say(f"transformers {dtype}: first token {r['first_token_s']:.2f}s, {r['ms_per_token']:.1f} ms/token, "
-                f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB")
-
-    def server(fmt: str, log: str, env: dict[str, str] | None = None) -> Server:
-        say(f"starting the service on the {fmt} artifact {env or ''}")
-        return Server(artifact(fmt), plan.log_dir / log, env)
-
-    def int8() -> None:
-        with server("int8", "int8.log") as s:
-            say(f"int8 ready after {s.cold_start_s:.1f}s")
-            entry = {"cold_start_s": s.cold_start_s, "image_416": _answers(s.url, plan, 416, 277, 0, say, "int8")}
-            entry["peak_rss_bytes"] = s.peak_rss()["worker"]
-            entry["memory"] = s.memory()
-        results["service"]["int8"] = entry
-
-    main_int4 = {"int4", "images", "followup", "concurrency"} & set(plan.sections)
-    if main_int4 and "int4" not in plan.sections:
-        plan.sections = (*plan.sections, "int4")  # the others need its server; it is cheap next to them
-
-    def int4() -> None:
-        entry: dict = {"engine": default_engine or "serial"}
-        results["service"]["int4"] = entry
-        with server("int4", "int4.log") as s:
-            say(f"int4 ready after {s.cold_start_s:.1f}s")
-            entry["cold_start_s"] = s.cold_start_s
-            entry["image_416"] = _answers(s.url, plan, 416, 277, 0, say, "int4 416x277")
-            entry["image_416"]["model_size"] = seen_size(s, 416, 277)
-            section("images", lambda: images(s, entry))
-            section("followup", lambda: entry.update(followup=_followup(s.url, plan, say)))
-            entry["peak_rss_bytes"] = s.peak_rss()["worker"]
-            entry["memory"] = s.memory()  # where the RSS is: anonymous (plugin buffers) vs file-backed (mmap)
-            say(f"int4 peak RSS (worker VmHWM) {entry['peak_rss_bytes'] / 1e9:.2f} GB; now {entry['memory']}")
-            if "concurrency" in plan.sections:
-                section("concurrency", lambda: results.setdefault("concurrency", {}).update(
-                    {entry["engine"]: _concurrency(s.url, plan, say, entry["engine"])}))
-                entry["peak_rss_after_concurrency_bytes"] = s.peak_rss()["worker"]
-        if "images" in plan.sections:
-            section("images", lambda: full_size_images(entry))
-        wanted = [name for name in ("followup", "concurrency") if name in plan.sections]
-        for engine in plan.engines if wanted else ():
-            if engine != entry["engine"]:
-                section(wanted[0], lambda e=engine: other_engine(e), f"engine {engine}")
-
-    def images(s: Server, entry: dict) -> None:
-        entry["images"] = {"416x277": {**entry["image_416"], "downscale": "on", "sent_size": "416x277",
-                                       "model_size": seen_size(s, 416, 277)}}
-        w, h = FULL_SIDE
-        r = _answers(s.url, plan, w, h, 500, say, f"int4 {w}x{h} downscaled")
-        entry["images"][f"{w}x{h}"] = {**r, "downscale": "on", "sent_size": f"{w}x{h}",
-                                       "model_size": seen_size(s, w, h)}
-        for detail in ("low", "high"):  # the client's choice of budget (image_url.detail), same image size
-            r = _answers(s.url, plan, w, h, 600, say, f"int4 {w}x{h} detail {detail}", detail)
-            entry["images"][f"{w}x{h} detail {detail}"] = {**r, "downscale": "on", "sent_size": f"{w}x{h}",
-                                                           "detail": detail, "model_size": seen_size(s, w, h, detail)}
-
-    def full_size_images(entry: dict) -> None:
-        w, h = FULL_SIDE
-        with server("int4", "int4-full.log", {"VLFLEET_IMAGE_MAX_SIDE": "0"}) as s:
-            r = _answers(s.url, plan, w, h, 500, say, f"int4 {w}x{h} full size")
-            size = seen_size(s, w, h)
-        entry["images"][f"{w}x{h} (no downscale)"] = {**r, "downscale": "off", "sent_size": f"{w}x{h}",
-                                                      "model_size": size}
-
-    def other_engine(engine: str) -> None:
-        """The same int4 artifact on another engine: single answers, then the follow-up and concurrency sections
-        that were asked for."""
-        with server("int4", f"int4-{engine}.log", {"VLFLEET_ENGINE": engine}) as s:
-            entry = results["service"][f"int4_{engine}"] = {
-                "engine": engine, "cold_start_s": s.cold_start_s,
-                "image_416": _answers(s.url, plan, 416, 277, 0, say, f"int4 {engine} 416x277")}
-            if "followup" in plan.sections:
-                entry["followup"] = _followup(s.url, plan, say)
-            entry["peak_rss_bytes"] = s.peak_rss()["worker"]
-            if "concurrency" in plan.sections:
-                results.setdefault("concurrency", {})[engine] = _concurrency(s.url, plan, say, engine)
-
-    def overhead() -> None:
-        results["overhead"] = service_overhead.measure(artifact("int4"), plan.runs, plan.tokens)
-        verdicts = results["overhead"]["comparison"]
-        say(f"HTTP+SSE / in-process: first token x{results['overhead']['first_token_s_ratio']:.3f} "
-            f"({verdicts['first_token_s']['summary']}), ms/token x{results['overhead']['ms_per_token_ratio']:.3f} "
-            f"({verdicts['ms_per_token']['summary']})")
-
-    def peer() -> None:
-        if peer_inputs is None:
-            raise RuntimeError("this run was given no llama-server to measure (peer_inputs)")
-        say("llama-server: llama.cpp build and 2b GGUF artifact (cached; the first build takes 10-20 min)")
-        inputs = peer_inputs()
-        results["peer"] = measure_peer(inputs, plan, say)
-
-    def levers() -> None:
-        results["levers"] = lever_ab(plan, artifact, say)
-
-    def tune() -> None:
-        results["tune"] = tune_engines(plan, artifact, peer_inputs, say)
-
-    def tune_load() -> None:
-        results["tune_load"] = tune_engines(plan, artifact, peer_inputs, say, clients=plan.tune_clients)
-
-    steps = (("machine", machine), ("baselines", baselines), ("int8", int8), ("int4", int4),
-             ("overhead", overhead), ("peer", peer), ("tune", tune), ("tune_load", tune_load), ("levers", levers))
+    rows = table(plan.engines, default_engine)
+    b = Bench(plan, artifact, checkpoint, peer_inputs, say, default_engine, expand(rows, plan.sections), results)
+    current = None
     try:
-        for name, fn in steps:
-            section(name, fn)
+        with contextlib.ExitStack() as int4_service:
+            server = None
+            for row in rows:
+                if server is not None and not row.server:
+                    with _recorded("int4", b):
+                        int4_service.close()
+                    server = None
+                if not row.selected(b.wanted) or not results["errors"].keys().isdisjoint(row.requires):
+                    continue
+                if row.name != current:
+                    say(f"== {row.name}")
+                current = row.name
+                with _recorded(row.name, b):
+                    if row.server and server is None:
+                        server = int4_service.enter_context(b.server("int4", "int4.log"))
+                    with contextlib.closing(row.measure(b, server) if row.server else row.measure(b)) as parts:
+                        for part in parts:
+                            _merge(results, part)
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: the servers of the section have been stopped on the way out; keep what was measured.
-        results["meta"]["interrupted_in"] = name
-        say(f"interrupted in {name}: writing what was measured so far")
+        results["meta"]["interrupted_in"] = current
+        say(f"interrupted in {current}: writing what was measured so far")
         _finish(results, plan, say)
         raise
     return _finish(results, plan, say)

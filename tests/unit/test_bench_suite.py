@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from ops.bench.suite import SECTIONS, Plan, parse_only, service_engines
@@ -62,3 +64,73 @@ def test_every_engine_with_a_follow_up_gets_a_row_and_a_target():
     by_id = {t.id: t for t in evaluate(results)}
     assert by_id["followup"].measured == 0.7 and by_id["followup"].met is False
     assert by_id["followup-direct"].measured == 0.1 and by_id["followup-direct"].met is True
+
+
+class FakeServer:
+    """Stands in for ops.bench.server.Server: records its start and stop by log name, answers nothing itself."""
+
+    events: ClassVar[list[tuple[str, str]]] = []
+    failing: ClassVar[set[str]] = set()
+
+    def __init__(self, model, log, env=None):
+        self.name, self.env, self.url, self.cold_start_s = log.name, env or {}, f"http://{log.name}", 1.5
+
+    def __enter__(self):
+        self.events.append(("start", self.name))
+        if self.name in self.failing:
+            raise RuntimeError(f"{self.name} would not start")
+        return self
+
+    def __exit__(self, *exc):
+        self.events.append(("stop", self.name))
+
+    def peak_rss(self):
+        return {"worker": 7, "all": 9}
+
+    def memory(self):
+        return {"VmRSS": 5}
+
+
+@pytest.fixture
+def fake_run(monkeypatch, tmp_path):
+    """``run(only, failing=...)``: the suite's real table and sections over FakeServer and canned answers."""
+    from ops.bench import suite
+
+    FakeServer.events = []
+    monkeypatch.setattr(suite, "Server", FakeServer)
+    monkeypatch.setattr(suite, "service_engines", lambda: (("direct", "serial"), "direct"))
+    monkeypatch.setattr(suite, "_machine", dict)
+    monkeypatch.setattr(suite, "write", lambda results, out: None)
+    monkeypatch.setattr(suite, "seen_size", lambda s, w, h, detail=None: f"{w}x{h}")
+    monkeypatch.setattr(suite, "_answers", lambda url, plan, w, h, seed, say, label, detail=None: {
+        "first_token_s": 1.0, "ms_per_token": 2.0, "runs": plan.runs, "prompt_tokens": 10, "url": url})
+    monkeypatch.setattr(suite, "_followup", lambda url, plan, say: {"url": url})
+    monkeypatch.setattr(suite, "_concurrency", lambda url, plan, say, engine: [{"url": url}])
+
+    def run(only: str, failing: tuple[str, ...] = ()) -> dict:
+        FakeServer.failing = set(failing)
+        plan = Plan(sections=parse_only(only), out=tmp_path, log_dir=tmp_path)
+        return suite.run(plan, lambda fmt: tmp_path / fmt, lambda: tmp_path / "ckpt")
+    return run
+
+
+def test_the_int4_sections_share_one_service_and_other_engines_get_their_own(fake_run):
+    results = fake_run("images,followup,concurrency")
+    assert results["meta"]["sections"] == ["images", "followup", "concurrency"]  # as asked; int4 runs for them
+    assert FakeServer.events == [("start", "int4.log"), ("stop", "int4.log"), ("start", "int4-full.log"),
+                                 ("stop", "int4-full.log"), ("start", "int4-serial.log"), ("stop", "int4-serial.log")]
+    int4 = results["service"]["int4"]
+    assert list(int4) == ["engine", "cold_start_s", "image_416", "images", "followup", "peak_rss_bytes", "memory",
+                          "peak_rss_after_concurrency_bytes"]
+    assert list(int4["images"]) == ["416x277", "1200x800", "1200x800 detail low", "1200x800 detail high",
+                                    "1200x800 (no downscale)"]
+    assert int4["images"]["1200x800 (no downscale)"]["url"] == "http://int4-full.log"
+    assert results["service"]["int4_serial"]["followup"] == {"url": "http://int4-serial.log"}
+    assert list(results["concurrency"]) == ["direct", "serial"] and not results["errors"]
+
+
+def test_a_failed_section_skips_what_requires_it_and_the_run_goes_on(fake_run):
+    results = fake_run("int8,followup", failing=("int4.log",))
+    assert results["errors"] == {"int4": "RuntimeError: int4.log would not start"}
+    assert "int4" not in results["service"] and results["service"]["int8"]["peak_rss_bytes"] == 7
+    assert [e for e in FakeServer.events if e[0] == "start"] == [("start", "int8.log"), ("start", "int4.log")]
