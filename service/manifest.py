@@ -28,6 +28,8 @@ from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
+GGUF_FORMAT = "gguf"  # weight_format.format of a GGUF artifact (llama.cpp), beside OpenVINO IR's int4/int8/fp16
+GGUF_PARTS = ("language_model", "mmproj")  # the files a GGUF artifact's weight_format names
 _CHUNK = 1 << 20
 _FIX_REBUILD = ("copy the artifact again from the controller (the model_artifact role does it), "
                 "or rebuild it with `vlfleet model.build`")
@@ -135,6 +137,28 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if problem:
         raise ArtifactError("manifest", directory, f"{MANIFEST_NAME} {problem}", _FIX_REBUILD)
     return data
+
+
+def gguf_parts(manifest: Any) -> dict[str, str] | None:
+    """The one rule for a GGUF artifact (``ops.llamacpp.gguf`` makes them; the llamacpp engine and the bench's
+    llama-server run them): a manifest whose weight format is ``gguf`` and names the language model and the vision
+    projector. Their file names in the artifact, by part (GGUF_PARTS); None for any other artifact (OpenVINO IR)."""
+    weight_format = manifest.get("weight_format") if isinstance(manifest, Mapping) else None
+    if not isinstance(weight_format, Mapping) or weight_format.get("format") != GGUF_FORMAT:
+        return None
+    files = weight_format.get("files")
+    if not isinstance(files, Mapping) or not set(GGUF_PARTS) <= set(files):
+        return None
+    return {part: files[part] for part in GGUF_PARTS}
+
+
+def is_gguf_artifact(directory: Path) -> bool:
+    """Whether ``directory`` holds a readable manifest of a GGUF artifact (``gguf_parts``)."""
+    try:
+        manifest = json.loads((Path(directory) / MANIFEST_NAME).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return gguf_parts(manifest) is not None
 
 
 def _manifest_shape_problem(data: Any) -> str | None:

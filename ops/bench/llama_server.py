@@ -1,6 +1,7 @@
 """llama.cpp's llama-server as the bench's peer: started on a free loopback port on a GGUF artifact
-(ops.llamacpp.gguf), waited for (/health, bounded), measured with the bench's own client (workload.chat_stream)
-and stopped by its PID on exit, also on an exception or Ctrl-C.
+(ops.llamacpp.gguf) by the llamacpp engine's launcher (service/engine/llamacpp_child.py: the same command line, a
+bounded /health wait, stopped by its PID on exit, also on an exception or Ctrl-C), and measured with the bench's own
+client (workload.chat_stream).
 
 The requests are the service's (same image, prompt, token count, streamed, timed at the client); the only extra
 body fields make llama-server do the same work as the service: ``cache_prompt: false`` (no reuse of an earlier
@@ -9,19 +10,16 @@ request's KV cache) and ``temperature: 0`` (greedy, the service's default; llama
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ops.bench import workload
 from ops.bench.memory import memory_status, peak_rss_bytes
 from ops.bench.server import free_port
-from ops.process import die_with_parent, terminate
+from service.engine.llamacpp_child import GgufFiles, LlamaServerChild, llama_server_argv
 
 # Body fields for llama-server beside the service's request (see the module doc).
 PEER_BODY = {"cache_prompt": False, "temperature": 0}
@@ -30,22 +28,14 @@ TIMING_KEYS = ("prompt_n", "prompt_ms", "prompt_per_token_ms", "predicted_n", "p
                "predicted_per_token_ms")
 
 
-@dataclass(frozen=True)
-class GgufFiles:
-    language_model: Path
-    mmproj: Path
-    manifest: dict
-
-
 def artifact_files(artifact: Path) -> GgufFiles:
     """The language model and vision projector of a GGUF artifact, as its manifest names them."""
     from service.manifest import read_manifest
 
-    manifest = read_manifest(artifact)
-    files = manifest.get("weight_format", {}).get("files", {})
-    if manifest.get("weight_format", {}).get("format") != "gguf" or not {"language_model", "mmproj"} <= set(files):
+    files = GgufFiles.of(artifact, read_manifest(artifact))
+    if files is None:
         raise ValueError(f"{artifact} is not a GGUF artifact (make one with `vlfleet model.gguf`)")
-    return GgufFiles(artifact / files["language_model"], artifact / files["mmproj"], manifest)
+    return files
 
 
 def threads() -> int:
@@ -54,31 +44,14 @@ def threads() -> int:
 
 
 def server_command(binary: Path, files: GgufFiles, port: int, n_threads: int, ctx: int = CONTEXT) -> list[str]:
-    """llama-server on loopback, one slot (requests one at a time, like the service's serial engine), ``n_threads``
-    for prompt processing and for generation."""
-    return [str(binary), "-m", str(files.language_model), "--mmproj", str(files.mmproj),
-            "-t", str(n_threads), "-tb", str(n_threads), "-c", str(ctx), "-np", "1",
-            "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log: Path | None = None) -> None:
-    """Until /health answers 200 (503 while the model loads); RuntimeError if the server exits, TimeoutError."""
-    import requests
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
-            raise RuntimeError(f"llama-server exited (code {proc.returncode}) before becoming ready\n{tail}")
-        with contextlib.suppress(requests.RequestException):
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.25)
-    raise TimeoutError(f"llama-server not ready after {timeout:.0f}s (log: {log})")
+    """The engine's llama-server command line (llama_server_argv) on ``port``, without its host-memory prompt cache
+    (the bench's requests say ``cache_prompt: false``)."""
+    return llama_server_argv(binary, files, n_threads, ctx, port=port)
 
 
 class LlamaServer:
-    """``with LlamaServer(binary, artifact, log) as s:`` starts llama-server, waits for /health, stops it on exit."""
+    """``with LlamaServer(binary, artifact, log) as s:`` starts llama-server (its output in ``log``), waits for
+    /health, stops it on exit: the engine's launcher (LlamaServerChild) on a port of ours, with no API key."""
 
     def __init__(self, binary: Path, artifact: Path, log: Path, n_threads: int | None = None, ctx: int = CONTEXT,
                  ready_timeout: float = 600):
@@ -88,20 +61,15 @@ class LlamaServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = server_command(self.binary, self.files, self.port, self.n_threads, ctx)
-        self.proc: subprocess.Popen | None = None
+        self.child = LlamaServerChild(self.command, log_file=self.log, key=False)
+        self.proc = None  # the process started, kept after it is stopped (its exit code)
         self.cold_start_s: float | None = None
 
     def __enter__(self) -> LlamaServer:
         started = time.perf_counter()
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=die_with_parent())
-        try:
-            wait_healthy(self.url, self.proc, self.ready_timeout, self.log)
-        except BaseException:
-            self.stop()
-            raise
+        self.child.start(self.ready_timeout, setting=None)
+        self.proc = self.child.proc
         self.cold_start_s = time.perf_counter() - started  # process start to /health 200: load weights, mmproj
         return self
 
@@ -115,8 +83,8 @@ class LlamaServer:
         return memory_status(self.proc.pid) if self.proc else {}
 
     def stop(self) -> None:
-        """SIGTERM to the PID we started, then SIGKILL after 30 s."""
-        terminate(self.proc, 30)
+        """SIGTERM to the PID we started, then SIGKILL after a grace period (LlamaServerChild.stop)."""
+        self.child.stop()
 
 
 def answer(url: str, png: bytes, tokens: int, timeout: float = 600) -> workload.Answer:

@@ -528,6 +528,7 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
 
     from ops.fleet import tune
     from service import probe
+    from service.manifest import is_gguf_artifact
 
     peer, peer_error = None, "the run was given no llama-server (peer_inputs)"
     if peer_inputs is not None:
@@ -536,7 +537,7 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
         except Exception as e:  # the other engines are still measured; llamacpp is skipped with the reason
             peer_error = f"llama-server or the GGUF artifact could not be built: {type(e).__name__}: {e}"[:300]
     info = {"llama_server": {"path": str(peer.server), "exists": peer.server.is_file(), "model_dir": str(peer.artifact),
-                             "model_exists": (peer.artifact / "manifest.json").is_file()} if peer else {}}
+                             "model_exists": is_gguf_artifact(peer.artifact)} if peer else {}}
     limit, limit_source = tune.budget({})
     candidates, skipped = [], {}
     for engine, skip in tune.plan(None, None, info, clients):

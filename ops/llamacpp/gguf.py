@@ -94,7 +94,7 @@ class GgufParams:
 
     def describe(self) -> dict[str, Any]:
         """The manifest's ``weight_format``."""
-        return {"format": "gguf", "language_model": self.quant, "mmproj": self.mmproj_type,
+        return {"format": mf.GGUF_FORMAT, "language_model": self.quant, "mmproj": self.mmproj_type,
                 "files": {"language_model": self.lm_file, "mmproj": self.mmproj_file}}
 
 

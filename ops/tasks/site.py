@@ -25,11 +25,10 @@ def _llamacpp(gguf: str, build_kind: str) -> tuple[Path, Path]:
     from ops.llamacpp import build, wheel
     from ops.llamacpp import gguf as gguf_mod
     from ops.llamacpp.source import SourceError
+    from service.manifest import is_gguf_artifact
 
     path = Path(gguf).expanduser()
-    manifest = path / "manifest.json"
-    if gguf != "tiny" and (not manifest.is_file()  # checked first: the build may take many minutes
-                           or json.loads(manifest.read_text()).get("weight_format", {}).get("format") != "gguf"):
+    if gguf != "tiny" and not is_gguf_artifact(path):  # checked first: the build may take many minutes
         raise Exit(f"--gguf {path}: not a GGUF artifact (manifest.json with weight format gguf). Make one with "
                    "`vlfleet model.gguf`, or pass --gguf tiny with --artifact tiny")
     try:

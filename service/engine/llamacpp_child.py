@@ -1,15 +1,20 @@
 """The llamacpp engine's private llama-server: one child process on a GGUF artifact, on loopback only.
 
-The child binds port 0 (the kernel picks a free port, no race with other processes) and we read the port from its
-"listening on" line. Its output is read by one thread into the service's JSON log (errors and warnings as such,
-the rest at debug) and a short tail kept for the message when it dies. It is stopped by its PID: SIGTERM, a grace
-period, SIGKILL; and the kernel kills it if the thread that started it (the inference thread) dies first
-(PR_SET_PDEATHSIG), so a killed service leaves no llama-server behind holding gigabytes.
+The one llama-server launcher: the engine runs it, and so does the bench's peer (ops/bench/llama_server.py), with
+the same command line (``llama_server_argv``), start, bounded /health wait and stop (``LlamaServerChild``).
+
+The engine's child binds port 0 (the kernel picks a free port, no race with other processes) and we read the port
+from its "listening on" line; a command with a fixed ``--port`` is known at once. Its output is read by one thread
+into the service's JSON log (errors and warnings as such, the rest at debug), or into a file when given one, and a
+short tail kept for the message when it dies. It is stopped by its PID: SIGTERM, a grace period, SIGKILL; and the
+kernel kills it if the thread that started it (the inference thread) dies first (PR_SET_PDEATHSIG), so a killed
+service leaves no llama-server behind holding gigabytes.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import json
 import logging
@@ -26,14 +31,17 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from service.engine.genai import cpu_flags
 from service.engine.llamacpp_api import Endpoint
+from service.manifest import gguf_parts
 
 log = logging.getLogger("vlfleet.llamacpp")
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
+HEALTH_POLL_S = 0.25
 _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 _LEVEL = re.compile(r"^\S+ ([EWIDT]) ")  # llama.cpp's log prefix: "0.01.188.669 I srv ..."
 
@@ -47,6 +55,13 @@ class GgufFiles:
     language_model: Path
     mmproj: Path
 
+    @classmethod
+    def of(cls, directory: Path, manifest: Mapping[str, Any]) -> GgufFiles | None:
+        """The files of the artifact in ``directory`` with ``manifest``; None when it is not a GGUF artifact
+        (service.manifest.gguf_parts)."""
+        names = gguf_parts(manifest)
+        return None if names is None else cls(**{part: Path(directory) / name for part, name in names.items()})
+
 
 def gguf_files(model_dir: Path) -> GgufFiles:
     """The language model and vision projector of a GGUF artifact, as its manifest names them."""
@@ -54,13 +69,12 @@ def gguf_files(model_dir: Path) -> GgufFiles:
         manifest = json.loads((Path(model_dir) / "manifest.json").read_text())
     except (OSError, ValueError) as e:
         raise ChildError(f"cannot read {model_dir}/manifest.json: {e}") from None
-    weight_format = manifest.get("weight_format", {})
-    files = weight_format.get("files", {})
-    if weight_format.get("format") != "gguf" or not {"language_model", "mmproj"} <= set(files):
+    files = GgufFiles.of(model_dir, manifest)
+    if files is None:
         raise ChildError(f"{model_dir} is not a GGUF artifact, which VLFLEET_ENGINE=llamacpp needs (make one with "
                          "`vlfleet model.gguf` and set VLFLEET_LLAMACPP_MODEL_DIR to it; OpenVINO artifacts are "
                          "served by the other engines)")
-    return GgufFiles(Path(model_dir) / files["language_model"], Path(model_dir) / files["mmproj"])
+    return files
 
 
 def _package():
@@ -116,14 +130,30 @@ def threads(settings) -> int:
     return settings.threads or len(os.sched_getaffinity(0))
 
 
+def llama_server_argv(binary: Path, files: GgufFiles, n_threads: int, ctx: int, port: int = 0,
+                      cache_ram_mib: int | None = None) -> list[str]:
+    """llama-server on loopback, one slot (requests one at a time), ``n_threads`` for prompt processing and for
+    generation, a ``ctx``-token KV cache; ``port`` 0: the kernel picks one; ``cache_ram_mib``: the host-memory
+    prompt cache's bound (unset: llama-server's own default, 8 GiB)."""
+    n = str(n_threads)
+    cache = ["--cache-ram", str(cache_ram_mib)] if cache_ram_mib is not None else []
+    return [str(binary), "-m", str(files.language_model), "--mmproj", str(files.mmproj), "-t", n, "-tb", n,
+            "-c", str(ctx), "-np", "1", *cache, "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+
+
 def server_command(settings) -> list[str]:
-    """llama-server on loopback, one slot (the engine sends one request at a time), a host-memory prompt cache no
-    larger than VLFLEET_KV_CACHE_GB (llama-server's own default is 8 GiB)."""
+    """The engine's llama-server: the GGUF artifact and binary of ``settings``, a prompt cache no larger than
+    VLFLEET_KV_CACHE_GB."""
     files = gguf_files(settings.model_dir)
-    n = str(threads(settings))
-    return [str(server_binary(settings.llamacpp_server)), "-m", str(files.language_model), "--mmproj",
-            str(files.mmproj), "-t", n, "-tb", n, "-c", str(context_size(settings)), "-np", "1",
-            "--cache-ram", str(settings.kv_cache_gb * 1024), "--host", "127.0.0.1", "--port", "0", "--no-webui"]
+    return llama_server_argv(server_binary(settings.llamacpp_server), files, threads(settings), context_size(settings),
+                             cache_ram_mib=settings.kv_cache_gb * 1024)
+
+
+def _fixed_port(command: list[str]) -> int | None:
+    """The port of ``--port N`` in ``command``; None for 0 or none (then read from the "listening on" line)."""
+    if "--port" not in command:
+        return None
+    return int(command[command.index("--port") + 1]) or None
 
 
 def _pdeathsig():
@@ -136,15 +166,19 @@ def _pdeathsig():
 
 
 class LlamaServerChild:
-    """One llama-server process at a time: ``start`` (bounded wait for /health), ``alive``, ``stop``."""
+    """One llama-server process at a time: ``start`` (bounded wait for /health), ``alive``, ``stop``.
 
-    def __init__(self, command: list[str]):
-        self.command = command
+    ``log_file``: its output goes there instead of the JSON log. ``key``: it wants a fresh random API key per start
+    (``endpoint().headers()`` sends it); the bench's peer runs it without one, as its client sends none."""
+
+    def __init__(self, command: list[str], log_file: Path | None = None, key: bool = True):
+        self.command, self.log_file, self.use_key = command, log_file, key
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.key = ""
         self.tail: collections.deque[str] = collections.deque(maxlen=40)
         self._port_seen = threading.Event()
+        self._reader: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -160,32 +194,42 @@ class LlamaServerChild:
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def start(self, timeout: float) -> None:
-        """Start llama-server and wait until it answers /health 200 (model loaded); ChildError otherwise."""
+    def start(self, timeout: float, setting: str | None = "VLFLEET_LLAMACPP_START_TIMEOUT") -> None:
+        """Start llama-server and wait until it answers /health 200 (model loaded); ChildError otherwise, naming
+        ``setting`` (where ``timeout`` comes from) when it timed out."""
         self.stop()
-        self.port, self._port_seen, self.key = None, threading.Event(), secrets.token_urlsafe(24)
+        self.port, self._port_seen = _fixed_port(self.command), threading.Event()
+        if self.port is not None:
+            self._port_seen.set()
+        self.key = secrets.token_urlsafe(24) if self.use_key else ""
         self.tail.clear()
-        # The key goes by environment, not argv, which every user of the host can read in ps.
+        env = child_env(Path(self.command[0]))
+        if self.key:
+            env["LLAMA_API_KEY"] = self.key  # by environment, not argv, which every user of the host can read in ps
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL,
-                                     env={**child_env(Path(self.command[0])), "LLAMA_API_KEY": self.key},
-                                     preexec_fn=_pdeathsig())
-        threading.Thread(target=self._read_output, args=(self.proc,), name="llama-server-log", daemon=True).start()
+                                     stdin=subprocess.DEVNULL, env=env, preexec_fn=_pdeathsig())
         log.info("llama-server started", extra={"pid": self.proc.pid, "command": " ".join(self.command)})
         try:
-            self._wait_healthy(time.monotonic() + timeout, timeout)
+            out = open(self.log_file, "w", buffering=1) if self.log_file else None  # noqa: SIM115 (the reader closes it)
+            self._reader = threading.Thread(target=self._read_output, args=(self.proc, out), name="llama-server-log",
+                                            daemon=True)
+            self._reader.start()
+            self._wait_healthy(time.monotonic() + timeout, timeout, setting)
         except BaseException:
             self.stop()
             raise
 
-    def _wait_healthy(self, deadline: float, timeout: float) -> None:
+    def _wait_healthy(self, deadline: float, timeout: float, setting: str | None) -> None:
         while time.monotonic() < deadline:
             if not self.alive():
-                raise ChildError(f"llama-server exited with code {self.exit_code()} while loading: {self.last_lines()}")
-            if self._port_seen.wait(0.25) and self._healthy():
+                self._reader.join(timeout=2)  # its last words are what it died of
+                raise ChildError(f"llama-server exited (code {self.exit_code()}) before becoming ready: "
+                                 f"{self.last_lines()}")
+            if self._port_seen.is_set() and self._healthy():
                 return
-        raise ChildError(f"llama-server did not load the model within {timeout:g} s "
-                         f"(VLFLEET_LLAMACPP_START_TIMEOUT): {self.last_lines()}")
+            time.sleep(HEALTH_POLL_S)
+        raise ChildError(f"llama-server did not load the model within {timeout:g} s"
+                         f"{f' ({setting})' if setting else ''}: {self.last_lines()}")
 
     def _healthy(self) -> bool:
         try:
@@ -194,18 +238,23 @@ class LlamaServerChild:
         except (OSError, urllib.error.URLError):  # 503 while loading, or not listening yet
             return False
 
-    def _read_output(self, proc: subprocess.Popen) -> None:
-        """Log each line llama-server writes and find its port; ends when the child's output closes."""
+    def _read_output(self, proc: subprocess.Popen, out) -> None:
+        """Log each line llama-server writes (to ``out`` when given) and find its port; ends when the child's output
+        closes."""
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            self.tail.append(line)
-            if self.port is None and (m := _LISTENING.search(line)):
-                self.port = int(m.group(1))
-                self._port_seen.set()
-            level = (m.group(1) if (m := _LEVEL.match(line)) else "I")
-            log.log(logging.ERROR if level == "E" else logging.WARNING if level == "W" else logging.DEBUG,
-                    "llama-server", extra={"pid": proc.pid, "line": line[:2000]})
+        with out or contextlib.nullcontext():
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip()
+                self.tail.append(line)
+                if self.port is None and (m := _LISTENING.search(line)):
+                    self.port = int(m.group(1))
+                    self._port_seen.set()
+                if out is not None:
+                    out.write(line + "\n")
+                    continue
+                level = (m.group(1) if (m := _LEVEL.match(line)) else "I")
+                log.log(logging.ERROR if level == "E" else logging.WARNING if level == "W" else logging.DEBUG,
+                        "llama-server", extra={"pid": proc.pid, "line": line[:2000]})
 
     def last_lines(self, n: int = 5) -> str:
         return " | ".join(list(self.tail)[-n:]) or "(no output)"

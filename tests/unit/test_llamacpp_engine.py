@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import sys
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from service.conversation import Conversation, Sampling, Turn
 from service.engine import LlamaCppEngine, make_engine
 from service.engine.llamacpp import LLAMA_GRID, LlamaPromptLimits
 from service.engine.llamacpp_api import Endpoint, messages, request_body
-from service.engine.llamacpp_child import ChildError, context_size, server_command
+from service.engine.llamacpp_child import ChildError, LlamaServerChild, context_size, server_command
 from service.images import PreparedImage
 from service.prompt_limits import VisionGrid
 from service.settings import load
@@ -115,3 +118,72 @@ def test_vlfleet_engine_llamacpp_makes_the_llamacpp_engine(gguf_artifact):
     engine = make_engine(load({"VLFLEET_MODEL_DIR": str(artifact), "VLFLEET_ENGINE": "llamacpp"}))
     assert isinstance(engine, LlamaCppEngine) and isinstance(engine.limits, LlamaPromptLimits)
     assert not engine.ready.is_set()  # nothing starts before start()
+
+
+# A stand-in for llama-server: binds the port it is given (0: one the kernel picks), says where it listens as
+# llama-server does, and answers /health only to a request carrying the key it got in LLAMA_API_KEY (none: any).
+FAKE_SERVER = r"""
+import os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+key = os.environ.get("LLAMA_API_KEY", "")
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        ok = self.path == "/health" or not key or self.headers.get("Authorization") == "Bearer " + key
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+server = HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), H)
+print(f"main: server is listening on http://127.0.0.1:{server.server_port} - starting the main loop", flush=True)
+server.serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_llama_server(tmp_path):
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+    binary.chmod(0o755)
+    return binary
+
+
+def get(url: str, headers: dict | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_the_child_learns_its_port_from_its_output_and_wants_its_key(fake_llama_server):
+    child = LlamaServerChild([str(fake_llama_server), "--port", "0"])
+    child.start(30)
+    try:
+        endpoint = child.endpoint()
+        assert endpoint is not None and endpoint.port > 0 and len(endpoint.key) >= 24
+        assert get(f"{child.url}/props") == 401 and get(f"{child.url}/props", endpoint.headers(body=False)) == 200
+        assert any("listening on" in line for line in child.tail)
+    finally:
+        child.stop()
+    assert not child.alive() and child.endpoint() is None
+
+
+def test_a_fixed_port_without_a_key_writes_its_output_to_the_log_file(fake_llama_server, tmp_path):
+    from ops.bench.server import free_port
+
+    port, log_file = free_port(), tmp_path / "llama-server.log"
+    child = LlamaServerChild([str(fake_llama_server), "--port", str(port)], log_file=log_file, key=False)
+    child.start(30)
+    try:
+        assert child.port == port and get(f"http://127.0.0.1:{port}/props") == 200
+    finally:
+        child.stop()
+    assert "listening on" in log_file.read_text()
+
+
+def test_a_child_that_dies_while_loading_is_named_with_its_last_words(tmp_path):
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\necho 'error: failed to load model' >&2\nexit 3\n")
+    binary.chmod(0o755)
+    with pytest.raises(ChildError, match=r"exited \(code 3\) before becoming ready: error: failed to load model"):
+        LlamaServerChild([str(binary), "--port", "0"]).start(30)

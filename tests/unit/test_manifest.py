@@ -196,3 +196,17 @@ def test_copy_keeps_identity(tmp_path: Path, artifact: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(artifact, copy)
     assert mf.verify(copy, full=True, runtime_version="2026.4.1").ok
+
+
+def test_one_rule_says_what_a_gguf_artifact_is(tmp_path):
+    from ops.llamacpp.gguf import GgufParams
+
+    gguf = {"weight_format": GgufParams("Q4_0", "q8_0").describe()}
+    assert mf.gguf_parts(gguf) == {"language_model": "language-model-Q4_0.gguf", "mmproj": "mmproj-q8_0.gguf"}
+    no_mmproj = {"weight_format": {"format": "gguf", "files": {"language_model": "lm.gguf"}}}
+    for other in ({"weight_format": {"weight_format": "int4"}}, no_mmproj, {"weight_format": "gguf"}, [], {}):
+        assert mf.gguf_parts(other) is None, other
+    (tmp_path / mf.MANIFEST_NAME).write_text(json.dumps(gguf))
+    assert mf.is_gguf_artifact(tmp_path)
+    (tmp_path / mf.MANIFEST_NAME).write_text("{not json")
+    assert not mf.is_gguf_artifact(tmp_path) and not mf.is_gguf_artifact(tmp_path / "absent")
