@@ -291,6 +291,16 @@ def _cell(value, fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
+def _shared_cores_note(run: dict) -> list[str]:
+    """Staging containers share the controller's cores: a host another host's turn goes to is not idle hardware."""
+    kinds = set(run["fleet"]["kinds"].values())
+    if kinds != {"container"}:
+        return []
+    return [f"- the hosts are containers on this one machine: they share its {run['machine']['cpus']} cores, so a "
+            "turn sent to another host finds no compute of its own there; on a fleet of real hosts the queue "
+            "waits below are what routing trades against the caches"]
+
+
 def render(results: list[dict]) -> str:
     """The markdown page of every run in a results directory, in label order; numbers only from the files."""
     if not results:
@@ -309,6 +319,7 @@ def render(results: list[dict]) -> str:
         f"about its own {plan['image_px'][0]}x{plan['image_px'][1]} image and {plan['followups']} follow-ups "
         "(web UI sessions and openai-SDK clients re-sending image and history, alternately), plus the same "
         f"first question from another client; {plan['tokens']} tokens per answer",
+        *_shared_cores_note(first),
         "",
         "| run | " + " | ".join(h.format(images=plan["conversations"]) for h, _k, _f in COLUMNS) + " |",
         "|---" * (len(COLUMNS) + 1) + "|",
