@@ -520,14 +520,16 @@ LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason:
 def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: float | None, restarts: int,
                poll: float = 1.0) -> dict:
     """Wait (bounded) for /readyz 200 with a body ``accept`` takes; fail fast when the unit crashes meanwhile or
-    the engine reports that its model failed to load.
+    the engine reports that it gave up (its model failed to load, its llama-server died while loading).
     {"ok": True, "ready_s", "readyz"} or {"ok": False, "reason", "journal"}."""
     started = time.monotonic()
     while True:
         status, last = readyz(addr)
         if status == 200 and accept(last):
             return {"ok": True, "ready_s": round(time.monotonic() - started, 1), "readyz": last}
-        if str(last.get("reason", "")).startswith(LOAD_FAILED):  # the process lives on, never ready: stop waiting
+        # The process lives on, never ready (the engine gave up: /readyz "failed", or a release from before that
+        # field whose model failed to load): stop waiting.
+        if last.get("failed") is True or str(last.get("reason", "")).startswith(LOAD_FAILED):
             return {"ok": False, "reason": f"/readyz {status}: {last['reason']}", "journal": journal_tail(unit, since)}
         state = unit_state(unit)
         crashed = (state.get("ActiveState") in ("failed", "inactive") or state.get("SubState") == "auto-restart"
@@ -863,8 +865,39 @@ def lb(args: dict) -> dict:
         _write_atomic(site, old.encode(), 0o644)
         raise AgentError(f"nginx -t rejected the edited site (restored): {test.stderr.strip()[-400:]}")
     # reload, never restart: old workers finish their open streams, new ones skip the drained servers
+    old = nginx_workers()
     _run(["systemctl", "reload", "nginx.service"], timeout=60)
+    wait_workers_replaced(old)
     return {"changed": True, "drained": drained}
+
+
+def nginx_workers(pidfile: Path = Path("/run/nginx.pid"), proc: Path = Path("/proc")) -> dict[int, str]:
+    """nginx's worker processes (children of the master in ``pidfile``) and their titles."""
+    try:
+        master = pidfile.read_text().strip()
+    except OSError:
+        return {}
+    workers = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            ppid = stat.read_text().rsplit(")", 1)[1].split()[1]
+            if ppid == master:
+                workers[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+    return workers
+
+
+def wait_workers_replaced(old: dict[int, str], timeout: float = 10.0, **where) -> bool:
+    """Bounded wait until every worker that ran before the reload is gone or shutting down: from then on no
+    worker with the old site accepts a connection (systemctl reload returns once the master got the signal)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = nginx_workers(**where)
+        if all(pid not in now or "shutting down" in now[pid] for pid in old):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 COMMANDS = {

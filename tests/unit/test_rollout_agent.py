@@ -317,3 +317,44 @@ def test_wait_ready_stops_at_once_when_the_model_failed_to_load(monkeypatch):
     out = host_agent.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
                                 restarts=0)
     assert out == {"ok": False, "reason": f"/readyz 503: {reason}", "journal": "journal"} and len(polls) == 1
+
+
+def test_wait_ready_stops_at_once_when_the_engine_gave_up(monkeypatch):
+    """/readyz "failed": true (service/health.py): the engine will not turn ready, whatever its reason says (a
+    llama-server that died while loading on a restart, or did not come back)."""
+    reason = "llama-server died while loading (SIGSEGV): ...; not tried again: restart the service"
+    polls = []
+    monkeypatch.setattr(host_agent, "readyz", lambda addr: polls.append(addr) or (503, {"ready": False,
+                                                                                         "reason": reason,
+                                                                                         "failed": True}))
+    monkeypatch.setattr(host_agent, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
+    monkeypatch.setattr(host_agent, "journal_tail", lambda unit, since: "journal")
+    out = host_agent.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
+                                restarts=0)
+    assert out == {"ok": False, "reason": f"/readyz 503: {reason}", "journal": "journal"} and len(polls) == 1
+
+
+def _fake_nginx(root: Path, workers: dict[int, str]) -> dict:
+    """A /proc with nginx's master (pid 10) and its ``workers`` (pid -> title), and its pid file."""
+    (root / "nginx.pid").write_text("10\n")
+    for pid, title in {10: "nginx: master process", 99: "sshd", **workers}.items():
+        d = root / "proc" / str(pid)
+        d.mkdir(parents=True, exist_ok=True)
+        parent = 1 if pid in (10, 99) else 10
+        (d / "stat").write_text(f"{pid} (nginx) S {parent} {pid} {pid} 0 -1\n")
+        (d / "cmdline").write_bytes(title.encode().replace(b" ", b"\0") + b"\0")
+    return {"pidfile": root / "nginx.pid", "proc": root / "proc"}
+
+
+def test_a_drain_returns_once_no_worker_with_the_old_site_accepts(tmp_path):
+    where = _fake_nginx(tmp_path, {11: "nginx: worker process", 12: "nginx: worker process"})
+    old = host_agent.nginx_workers(**where)
+    assert sorted(old) == [11, 12]
+    assert not host_agent.wait_workers_replaced(old, timeout=0.2, **where)  # the reload has not happened yet
+    proc = tmp_path / "proc"
+    (proc / "11" / "cmdline").write_bytes(b"nginx: worker process is shutting down\0")
+    for f in (proc / "12").iterdir():  # 12 exited
+        f.unlink()
+    (proc / "12").rmdir()
+    _fake_nginx(tmp_path, {13: "nginx: worker process"})
+    assert host_agent.wait_workers_replaced(old, timeout=2, **where)
