@@ -1,10 +1,23 @@
 """A cached build of llama.cpp's llama-server, llama-quantize and llama-mtmd-cli from the verified source.
 
 The build lives in ``$VLFLEET_CACHE/llamacpp/<version>-<key>/`` where the key hashes the cmake flags, the
-targets and, for a native build, the CPU model and ISA flags it was tuned for (a native binary run on another CPU
-generation may stop on an illegal instruction, so it must not be reused there). ``build.json`` is written last:
-a directory without it is an unfinished build and is built again. Parallel builds of one key wait on a lock.
-The compiler runs under ``nice`` with a bounded job count and a time limit, and its progress is printed.
+targets, the CPU variants left out and, for a native build, the CPU model and ISA flags it was tuned for (a native
+binary run on another CPU generation may stop on an illegal instruction, so it must not be reused there).
+``build.json`` is written last: a directory without it is an unfinished build and is built again. Parallel builds
+of one key wait on a lock. The compiler runs under ``nice`` with a bounded job count and a time limit, and its
+progress is printed.
+
+No build uses ggml's AMX kernels: on a Xeon with AMX (amx_tile/amx_int8) the bench's native build (-O3) dies with
+SIGSEGV in ``ggml_backend_amx_mul_mat`` while llama-server loads the 2b-shape Q4_0 model (issue 30; the tiny test
+model never reaches that kernel, and the -O1 test build of the same flags loaded and answered on that machine: the
+crash is not a property of the flags alone, so no build is trusted with them). ``-march=native`` turns them on
+there, so a native build for such a CPU is ``GGML_NATIVE=OFF`` with the CPU's own ISA options instead (AVX2, FMA,
+F16C, AVX-512 with VBMI/VNNI/BF16, AVX-VNNI: whatever it has), AMX off; the repacked Q4_0 kernels (CPU_REPACK,
+``q4_0_8x8``) stay, which ``--no-repack`` would lose with the AMX ones. A CPU without AMX keeps ``GGML_NATIVE=ON``.
+A portable build compiles every x86 variant ggml lists, among them one with AMX (``sapphirerapids``) that its
+loader would pick on such a host (ggml-cpu/arch/x86/cpu-feats.cpp scores AMX_INT8 highest); that variant's library
+is removed after the build (EXCLUDED_FEATURES), so an AMX host loads the best variant without it (``zen4``:
+AVX-512 VBMI/VNNI/BF16).
 """
 
 from __future__ import annotations
@@ -36,10 +49,30 @@ COMMON_FLAGS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
-# The bench's peer on the controller: tuned for this CPU.
+# The bench's peer on the controller: tuned for this CPU (on a CPU with AMX: native_flags).
 NATIVE_FLAGS = ("-DGGML_NATIVE=ON",)
 # Binaries for hosts of several CPU generations: every CPU variant as a backend library, chosen at run time.
 PORTABLE_FLAGS = ("-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON")
+# /proc/cpuinfo flags of the ggml kernels no build uses (see the module doc): AMX.
+AMX_CPU_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
+# ggml's x86 ISA options (ggml/src/ggml-cpu/CMakeLists.txt, without GGML_NATIVE) and the cpuinfo flags of the
+# compiler flags each one adds: a native build for an AMX CPU turns on those its CPU has.
+GGML_ISA_OPTIONS = (
+    ("GGML_SSE42", ("sse4_2",)),
+    ("GGML_AVX", ("avx",)),
+    ("GGML_F16C", ("f16c",)),
+    ("GGML_FMA", ("fma",)),
+    ("GGML_BMI2", ("bmi2",)),
+    ("GGML_AVX2", ("avx2",)),
+    ("GGML_AVX_VNNI", ("avx_vnni",)),
+    ("GGML_AVX512", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
+    ("GGML_AVX512_VBMI", ("avx512vbmi",)),
+    ("GGML_AVX512_VNNI", ("avx512_vnni",)),
+    ("GGML_AVX512_BF16", ("avx512_bf16",)),
+)
+AMX_OPTIONS = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+# The features (ggml's names) of the CPU variants a portable build must not ship: their libraries are removed.
+EXCLUDED_FEATURES = ("AMX_TILE", "AMX_INT8", "AMX_BF16")
 DEFAULT_TIMEOUT_S = 3600.0
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]\s*(.*)$")
 
@@ -48,22 +81,52 @@ class BuildError(RuntimeError):
     """cmake or the compiler failed, timed out, or is missing; the message says which and what to do."""
 
 
+def native_flags(flags) -> tuple[str, ...]:
+    """The cmake flags that tune a build for a CPU with these /proc/cpuinfo ``flags``: ``GGML_NATIVE=ON``, or on a
+    CPU with AMX ``GGML_NATIVE=OFF`` with each of GGML_ISA_OPTIONS on where the CPU has its flags and AMX off (the
+    module doc says why)."""
+    have = set(flags)
+    if not have & set(AMX_CPU_FLAGS):
+        return NATIVE_FLAGS
+    isa = tuple(f"-D{option}={'ON' if set(needs) <= have else 'OFF'}" for option, needs in GGML_ISA_OPTIONS)
+    return ("-DGGML_NATIVE=OFF", *isa, *(f"-D{option}=OFF" for option in AMX_OPTIONS))
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """Every flag of this CPU (the first ``flags`` line of /proc/cpuinfo), sorted; what native_flags reads."""
+    from ops.machine import cpuinfo_field
+
+    text = cpuinfo.read_text() if cpuinfo.is_file() else ""
+    return sorted(set(cpuinfo_field(text, "flags").split()))
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     version: str = source_mod.VERSION
     native: bool = True
     targets: tuple[str, ...] = TARGETS
-    # Only for native builds: the CPU the binaries are tuned for (ops.machine.describe()).
+    # Only for native builds: the CPU the binaries are tuned for (ops.machine.describe(), and ``flags``: every
+    # /proc/cpuinfo flag, cpu_flags(); without it the ISA_FLAGS in ``isa``).
     cpu: dict = field(default_factory=dict, compare=False, hash=False)
     optimize: int = 3  # the compiler's -O level (Release's own is 3)
 
     def flags(self) -> tuple[str, ...]:
         level = () if self.optimize == 3 else tuple(f"-DCMAKE_{lang}_FLAGS_RELEASE=-O{self.optimize} -DNDEBUG"
                                                      for lang in ("C", "CXX"))
-        return COMMON_FLAGS + (NATIVE_FLAGS if self.native else PORTABLE_FLAGS) + level
+        if not self.native:
+            return COMMON_FLAGS + PORTABLE_FLAGS + level
+        return COMMON_FLAGS + native_flags(self.cpu.get("flags") or self.cpu.get("isa", [])) + level
+
+    @property
+    def excluded_features(self) -> tuple[str, ...]:
+        """The ggml features whose CPU variants a portable build removes (none for a native build, which has one
+        CPU backend, built without them: native_flags)."""
+        return () if self.native else EXCLUDED_FEATURES
 
     def key_material(self) -> dict:
         material = {"version": self.version, "flags": list(self.flags()), "targets": list(self.targets)}
+        if self.excluded_features:
+            material["excluded_cpu_features"] = list(self.excluded_features)
         if self.native:
             material["cpu"] = {"model": self.cpu.get("cpu", ""), "isa": list(self.cpu.get("isa", []))}
         return material
@@ -84,7 +147,7 @@ def test_config() -> BuildConfig:
 def default_config(native: bool = True, version: str = source_mod.VERSION) -> BuildConfig:
     from ops.machine import describe
 
-    return BuildConfig(version=version, native=native, cpu=describe() if native else {})
+    return BuildConfig(version=version, native=native, cpu={**describe(), "flags": cpu_flags()} if native else {})
 
 
 def build_dir(config: BuildConfig) -> Path:
@@ -97,6 +160,37 @@ def configure_command(src: Path, build: Path, config: BuildConfig) -> list[str]:
 
 def build_command(build: Path, config: BuildConfig, jobs: int) -> list[str]:
     return ["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs), "--target", *config.targets]
+
+
+_VARIANT = re.compile(r"^\s*ggml_add_cpu_backend_variant\(\s*([\w.]+)([^)]*)\)", re.MULTILINE)
+
+
+def cpu_variants(ggml_cmake: str) -> dict[str, tuple[str, ...]]:
+    """The CPU variants a portable build compiles, with their features, as ggml/src/CMakeLists.txt lists them
+    (``ggml_add_cpu_backend_variant(sapphirerapids SSE42 ... AMX_TILE AMX_INT8)``); every architecture's."""
+    return {m.group(1): tuple(m.group(2).split()) for m in _VARIANT.finditer(ggml_cmake)}
+
+
+def excluded_variants(ggml_cmake: str, features: tuple[str, ...]) -> list[str]:
+    """The variants of ``ggml_cmake`` that have any of ``features``."""
+    return sorted(name for name, have in cpu_variants(ggml_cmake).items() if set(have) & set(features))
+
+
+def remove_variants(llama_cpp: Path, bin_dir: Path, features: tuple[str, ...]) -> list[str]:
+    """Remove from ``bin_dir`` the CPU backend libraries of the variants with any of ``features`` (ggml's loader
+    then picks the best of the others); the variants' names. Raises BuildError when ggml lists no variants at all
+    (a source layout this code does not know: better no build than one that may crash)."""
+    if not features:
+        return []
+    cmake = (Path(llama_cpp) / "ggml" / "src" / "CMakeLists.txt").read_text()
+    if not cpu_variants(cmake):
+        raise BuildError(f"found no ggml_add_cpu_backend_variant(...) in {llama_cpp}/ggml/src/CMakeLists.txt: cannot "
+                         f"tell which CPU variants use {', '.join(features)}; update ops/llamacpp/build.py")
+    names = excluded_variants(cmake, features)
+    for name in names:
+        for lib in Path(bin_dir).glob(f"libggml-cpu-{name}.so*"):
+            lib.unlink()
+    return names
 
 
 def niced(cmd: list[str], nice: int) -> list[str]:
@@ -164,9 +258,14 @@ def build(config: BuildConfig | None = None, jobs: int = 2, nice: int = 19, time
             say(f"compiling {', '.join(config.targets)} with -j{jobs} under nice {nice}; this takes 6-15 min "
                 f"on 2 cores (limit {timeout / 60:.0f} min)")
             _run(niced(build_command(root / "build", config, jobs), nice), out, deadline, say, log)
+        removed = remove_variants(src.llama_cpp, root / "build" / "bin", config.excluded_features)
+        if removed:
+            say(f"removed the CPU variants with {', '.join(config.excluded_features)}: {', '.join(removed)}")
         elapsed = time.monotonic() - started
-        info = {"version": config.version, "sdist_sha256": src.sha256, **config.key_material(),
-                "jobs": jobs, "build_s": round(elapsed, 1), "compiler": _compiler_version(),
+        info = {"version": config.version, "sdist_sha256": src.sha256, "native": config.native,
+                **config.key_material(),
+                "removed_cpu_variants": removed, "jobs": jobs, "build_s": round(elapsed, 1),
+                "compiler": _compiler_version(),
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "binaries": {t: str(root / "build" / "bin" / t) for t in config.targets}}
         (root / "build.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -64,10 +64,19 @@ def wheel_name(build: Build) -> str:
     return f"{DIST}-{_version(build)}-{TAG}.whl"
 
 
+def is_native(info: dict) -> bool:
+    """Whether build.json ``info`` is a native build (one CPU backend, for the CPU in ``cpu``): its own word, else
+    (builds from before it said) the absence of the portable flag; not GGML_NATIVE, which a native build for a CPU
+    with AMX turns off (ops.llamacpp.build.native_flags)."""
+    if "native" in info:
+        return bool(info["native"])
+    return "-DGGML_CPU_ALL_VARIANTS=ON" not in info.get("flags", [])
+
+
 def build_json(build: Build) -> dict:
     """What the package says about its binaries; ``requires_isa``: the CPU flags a native build was tuned for
     (the service refuses to start it on a CPU without them), none for a portable build."""
-    native = "-DGGML_NATIVE=ON" in build.info.get("flags", [])
+    native = is_native(build.info)
     cpu = build.info.get("cpu", {})
     return {"version": build.info["version"], "key": build_key(build), "native": native,
             "cpu": cpu.get("model", "") if native else "", "requires_isa": list(cpu.get("isa", [])) if native else []}

@@ -73,6 +73,82 @@ def test_cache_key_follows_version_flags_targets_and_the_native_cpu():
     assert build.BuildConfig(native=False, cpu=CPU_A).key() == build.BuildConfig(native=False, cpu=CPU_B).key()
 
 
+# A Sapphire Rapids Xeon's flags, as /proc/cpuinfo lists them (the ones ggml's options read, and AMX).
+AMX_FLAGS = ["sse4_2", "avx", "f16c", "fma", "bmi2", "avx2", "avx_vnni", "avx512f", "avx512cd", "avx512vl", "avx512dq",
+             "avx512bw", "avx512vbmi", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16"]
+CPU_AMX = {"cpu": "Intel(R) Xeon(R) Processor", "isa": ["avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw",
+                                                        "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                                                        "amx_int8", "amx_bf16"], "cpus": 2, "flags": AMX_FLAGS}
+
+
+def test_a_native_build_for_an_amx_cpu_names_its_isa_and_leaves_amx_out():
+    """-march=native would compile ggml's AMX kernels, which die with SIGSEGV on the 2b model (issue 30): the CPU's
+    own ISA options instead, AMX off; the repacked kernels (CPU_REPACK, on by default) stay."""
+    flags = build.BuildConfig(cpu=CPU_AMX).flags()
+    assert "-DGGML_NATIVE=OFF" in flags and "-DGGML_NATIVE=ON" not in flags
+    for option in ("AVX2", "FMA", "F16C", "BMI2", "AVX_VNNI", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16"):
+        assert f"-DGGML_{option}=ON" in flags, option
+    assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(flags)
+    assert not any("REPACK" in f for f in flags) and "-DGGML_BACKEND_DL=ON" not in flags
+    # Each option only where the CPU has every flag its compiler flags need (AVX512: f, cd, vl, dq and bw).
+    no_vl = build.native_flags([f for f in AMX_FLAGS if f not in ("avx512vl", "avx512vbmi")])
+    assert "-DGGML_AVX512=OFF" in no_vl and "-DGGML_AVX512_VBMI=OFF" in no_vl and "-DGGML_AVX2=ON" in no_vl
+    # A CPU without AMX keeps -march=native, and the key of its earlier builds.
+    assert build.native_flags(["avx2", "fma", "avx512f"]) == ("-DGGML_NATIVE=ON",)
+    assert build.BuildConfig(cpu=CPU_A).key() == build.BuildConfig(cpu={**CPU_A, "flags": ["avx2", "fma"]}).key()
+
+
+def test_the_amx_cpus_build_key_is_not_the_crashing_builds():
+    amx = build.BuildConfig(cpu=CPU_AMX)
+    crashing = {**amx.key_material(), "flags": [*build.COMMON_FLAGS, "-DGGML_NATIVE=ON"]}
+    assert amx.key_material()["flags"] != crashing["flags"] and amx.key_material()["cpu"] == crashing["cpu"]
+    assert amx.key() != build.BuildConfig(cpu={**CPU_AMX, "flags": AMX_FLAGS[:-4]}).key()  # no VBMI/AMX: other flags
+    # The portable build's key moves too: its AMX variant is removed (EXCLUDED_FEATURES), unlike before.
+    assert build.BuildConfig(native=False).key_material()["excluded_cpu_features"] == list(build.EXCLUDED_FEATURES)
+    assert "excluded_cpu_features" not in amx.key_material()
+
+
+def test_default_config_reads_every_cpu_flag(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 amx_int8 avx2\n\nprocessor\t: 1\nflags\t\t: other\n")
+    assert build.cpu_flags(cpuinfo) == ["amx_int8", "avx2", "fpu"]
+    assert "flags" in build.default_config().cpu and build.default_config(native=False).cpu == {}
+
+
+GGML_CMAKE = """
+function(ggml_add_cpu_backend_variant tag_name)
+    ggml_add_cpu_backend_variant_impl(${tag_name})
+endfunction()
+    if (GGML_SYSTEM_ARCH STREQUAL "x86")
+        ggml_add_cpu_backend_variant(x64)
+        ggml_add_cpu_backend_variant(zen4  SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16)
+        if (NOT MSVC)
+            # MSVC doesn't support AMX
+            ggml_add_cpu_backend_variant(sapphirerapids SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI
+                                                        AVX512_VNNI AVX512_BF16 AMX_TILE AMX_INT8)
+        endif()
+        ggml_add_cpu_backend_variant(armv8.2_1    DOTPROD)
+"""
+
+
+def test_a_portable_build_loses_its_amx_variant(tmp_path):
+    variants = build.cpu_variants(GGML_CMAKE)
+    assert set(variants) == {"x64", "zen4", "sapphirerapids", "armv8.2_1"} and variants["x64"] == ()
+    assert build.excluded_variants(GGML_CMAKE, build.EXCLUDED_FEATURES) == ["sapphirerapids"]
+    tree, bin_dir = tmp_path / "llama.cpp", tmp_path / "bin"
+    (tree / "ggml" / "src").mkdir(parents=True)
+    (tree / "ggml" / "src" / "CMakeLists.txt").write_text(GGML_CMAKE)
+    bin_dir.mkdir()
+    for name in ("libggml-cpu-zen4.so", "libggml-cpu-sapphirerapids.so", "libggml-cpu-x64.so", "llama-server"):
+        (bin_dir / name).write_text("")
+    assert build.remove_variants(tree, bin_dir, build.EXCLUDED_FEATURES) == ["sapphirerapids"]
+    assert sorted(p.name for p in bin_dir.iterdir()) == ["libggml-cpu-x64.so", "libggml-cpu-zen4.so", "llama-server"]
+    assert build.remove_variants(tree, bin_dir, ()) == []  # a native build: nothing to remove
+    (tree / "ggml" / "src" / "CMakeLists.txt").write_text("# a layout this code does not know\n")
+    with pytest.raises(build.BuildError, match="cannot tell which CPU variants use AMX_TILE"):
+        build.remove_variants(tree, bin_dir, build.EXCLUDED_FEATURES)
+
+
 def test_configure_and_build_commands():
     config = build.BuildConfig(cpu=CPU_A)
     assert build.configure_command(Path("/s"), Path("/b"), config) == ["cmake", "-S", "/s", "-B", "/b",

@@ -14,7 +14,7 @@ import pytest
 
 from ops import wheelhouse
 from ops.llamacpp import wheel
-from ops.llamacpp.build import Build
+from ops.llamacpp.build import PORTABLE_FLAGS, Build, BuildConfig
 from service.engine.llamacpp_child import ChildError, check_isa, child_env, server_binary
 from service.settings import load
 
@@ -32,7 +32,7 @@ def fake_build(root: Path, native: bool = True) -> Build:
                  "libggml-cpu-haswell.so"):
         (bin_dir / name).write_bytes(f"ELF {name}".encode())
     (bin_dir / "libggml.so.0").symlink_to("libggml.so.0.1.0")
-    info = {"version": "0.3.36", "flags": ["-DGGML_NATIVE=ON" if native else "-DGGML_NATIVE=OFF"]}
+    info = {"version": "0.3.36", "flags": ["-DGGML_NATIVE=ON"] if native else list(PORTABLE_FLAGS)}
     if native:
         info["cpu"] = {"model": "Test CPU", "isa": ISA}
     return Build(bin_dir.parent.parent, info)
@@ -96,6 +96,19 @@ def test_a_portable_build_ships_its_cpu_backends_and_requires_no_isa(tmp_path, m
     assert "libggml-cpu-haswell.so" in wheel.binaries(build)
     assert wheel.build_json(build)["requires_isa"] == [] and not wheel.build_json(build)["native"]
     assert wheel.build_json(fake_build(tmp_path / "n"))["requires_isa"] == ISA
+
+
+def test_a_native_build_for_an_amx_cpu_is_native_though_ggml_native_is_off(tmp_path):
+    amx = {"cpu": "Intel Xeon", "isa": ["avx2", "avx512f", "amx_int8"], "flags": ["avx2", "amx_int8"]}
+    flags = list(BuildConfig(cpu=amx).flags())
+    assert "-DGGML_NATIVE=OFF" in flags  # ops.llamacpp.build.native_flags
+    for info in ({"version": "0.3.36", "flags": flags, "cpu": {"model": "Intel Xeon", "isa": ISA}},
+                 {"version": "0.3.36", "flags": flags, "cpu": {"model": "Intel Xeon", "isa": ISA}, "native": True}):
+        root = tmp_path / str(len(info))
+        (root / "build" / "bin").mkdir(parents=True)
+        built = wheel.build_json(Build(root, info))
+        assert built["native"] and built["requires_isa"] == ISA
+    assert not wheel.is_native({"flags": list(PORTABLE_FLAGS)}) and not wheel.is_native({"native": False})
 
 
 def test_a_native_package_on_a_cpu_without_its_flags_is_refused_with_the_fix(tmp_path):
