@@ -85,6 +85,9 @@ class Readiness(Answer):
     uptime_s: float
     load_seconds: float | None
     reason: str | None = Field(None, description="why not ready (present only then)")
+    failed: bool | None = Field(None, description="with a reason: true when the engine gave up (a model that failed "
+                                "to load, a runtime that died while loading): it will not turn ready until the "
+                                "service is restarted, so stop waiting; false while it may still turn ready")
 
 
 class Delta(Answer):

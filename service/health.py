@@ -18,7 +18,8 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    """200 once the model is loaded and warmed up (and memory allows new work), else 503 with the reason."""
+    """200 once the model is loaded and warmed up (and memory allows new work), else 503 with the reason;
+    ``failed`` true when the engine gave up (it will not turn ready until the service is restarted)."""
     state = current_app.extensions["vlfleet"]
     engine = state.engine
     body = {
@@ -33,6 +34,7 @@ def readyz():
     }
     if engine.failed:
         body["reason"] = engine.failed
+        body["failed"] = engine.gave_up
     elif not engine.ready.is_set():
         body["reason"] = "model loading"
     elif engine.memory is not None and engine.memory.shedding:

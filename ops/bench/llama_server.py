@@ -6,12 +6,18 @@ client (workload.chat_stream).
 The requests are the service's (same image, prompt, token count, streamed, timed at the client); the only extra
 body fields make llama-server do the same work as the service: ``cache_prompt: false`` (no reuse of an earlier
 request's KV cache) and ``temperature: 0`` (greedy, the service's default; llama-server's own default samples).
+
+``smoke`` is the check that a llama-server build runs a model shape at all: load it and answer one token about the
+bench's image. The tiny test model never reaches some of llama.cpp's kernels (its matmuls are too small: the AMX
+ones that crash on a Xeon with AMX, issue 30), so the check runs on the shape the fleet serves (2b).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +25,7 @@ from pathlib import Path
 from ops.bench import workload
 from ops.bench.memory import memory_status, peak_rss_bytes
 from ops.bench.server import free_port
-from service.engine.llamacpp_child import GgufFiles, LlamaServerChild, llama_server_argv
+from service.engine.llamacpp_child import GgufFiles, LlamaServerChild, describe_exit, llama_server_argv
 
 # Body fields for llama-server beside the service's request (see the module doc).
 PEER_BODY = {"cache_prompt": False, "temperature": 0}
@@ -51,16 +57,17 @@ def server_command(binary: Path, files: GgufFiles, port: int, n_threads: int, ct
 
 class LlamaServer:
     """``with LlamaServer(binary, artifact, log) as s:`` starts llama-server (its output in ``log``), waits for
-    /health, stops it on exit: the engine's launcher (LlamaServerChild) on a port of ours, with no API key."""
+    /health, stops it on exit: the engine's launcher (LlamaServerChild) on a port of ours, with no API key.
+    ``extra_args`` go at the end of its command line (``--no-repack`` for a comparison)."""
 
     def __init__(self, binary: Path, artifact: Path, log: Path, n_threads: int | None = None, ctx: int = CONTEXT,
-                 ready_timeout: float = 600):
+                 ready_timeout: float = 600, extra_args: tuple[str, ...] = ()):
         self.binary, self.log, self.ready_timeout = Path(binary), Path(log), ready_timeout
         self.files = artifact_files(Path(artifact))
         self.n_threads = n_threads or threads()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = server_command(self.binary, self.files, self.port, self.n_threads, ctx)
+        self.command = [*server_command(self.binary, self.files, self.port, self.n_threads, ctx), *extra_args]
         self.child = LlamaServerChild(self.command, log_file=self.log, key=False)
         self.proc = None  # the process started, kept after it is stopped (its exit code)
         self.cold_start_s: float | None = None
@@ -85,6 +92,45 @@ class LlamaServer:
     def stop(self) -> None:
         """SIGTERM to the PID we started, then SIGKILL after a grace period (LlamaServerChild.stop)."""
         self.child.stop()
+
+
+class SmokeError(RuntimeError):
+    """llama-server did not load the model or answer one token; the message says how (the signal it died of)."""
+
+
+def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, timeout: float = 300,
+          width: int = 416, height: int = 277) -> dict:
+    """Load-and-one-token: llama-server ``binary`` loads GGUF ``artifact`` (its own warm-up decode runs the language
+    model's matmuls at load) and answers one token about the bench's ``width`` x ``height`` image (the vision
+    encoder and a real prefill); SmokeError naming how it died otherwise (e.g. "llama-server died while loading
+    (SIGSEGV): ..."). Returns what it took: {"ok", "load_s", "first_token_s", "prompt_tokens", "threads"}.
+
+    The bench's peer section and tune call it before measuring llama-server, so a build that crashes on the
+    served shape is named at once (call: ``llama_server.smoke(inputs.server, inputs.artifact, log)``)."""
+    server = LlamaServer(binary, artifact, log, ready_timeout=ready_timeout)
+    try:
+        server.__enter__()
+    except RuntimeError as e:  # ChildError: died while loading (named), or did not load in time
+        raise SmokeError(str(e)) from None
+    try:
+        try:
+            a = answer(server.url, workload.test_image(width, height, seed=999), 1, timeout)
+        except Exception as e:
+            child = server.child
+            if child.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(timeout=2)  # a connection broken by a dying server: let it finish dying
+            if child.alive():
+                raise SmokeError(f"llama-server loaded but its one-token answer failed: {type(e).__name__}: {e}") \
+                    from None
+            raise SmokeError(f"llama-server died answering one token ({describe_exit(child.exit_code())}): "
+                             f"{child.last_lines()}") from None
+        if a.sample.tokens != 1:
+            raise SmokeError(f"llama-server answered {a.sample.tokens} tokens, asked for 1 (ignore_eos)")
+        return {"ok": True, "load_s": round(server.cold_start_s, 3), "first_token_s": round(a.sample.first_token_s, 3),
+                "prompt_tokens": a.prompt_tokens, "threads": server.n_threads}
+    finally:
+        server.stop()
 
 
 def answer(url: str, png: bytes, tokens: int, timeout: float = 600) -> workload.Answer:

@@ -59,10 +59,14 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900, log: Path
             tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
             raise RuntimeError(f"service exited (code {proc.returncode}) before becoming ready\n{tail}")
         try:
-            if requests.get(url + "/readyz", timeout=2).status_code == 200:
+            r = requests.get(url + "/readyz", timeout=2)
+            if r.status_code == 200:
                 return
-        except requests.RequestException:
-            pass
+            body = r.json()
+        except (requests.RequestException, ValueError):
+            body = {}
+        if isinstance(body, dict) and body.get("failed") is True:  # the engine gave up: it will not turn ready
+            raise RuntimeError(f"service will not become ready: {body.get('reason')}")
         time.sleep(0.25)
     raise TimeoutError(f"service not ready after {timeout}s")
 

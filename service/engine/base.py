@@ -54,7 +54,8 @@ class Engine:
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_size)
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self.ready = threading.Event()
-        self.failed: str | None = None
+        self.failed: str | None = None  # why the engine is not ready (while it loads: None)
+        self.gave_up = False  # it will not turn ready until the service restarts: /readyz says "failed": true
         self.pipeline = None
         self.running: Job | None = None
         self.load_seconds: float | None = None
@@ -149,10 +150,17 @@ class Engine:
             log.info("model ready", extra={"load_seconds": round(self.load_seconds, 2)})
             self.ready.set()
         except Exception as e:  # a model that cannot load leaves the process alive but never ready
-            self.failed = f"model failed to load: {e}"
+            self._give_up(f"model failed to load: {e}")
             log.exception("model failed to load")
             return
         self._serve()
+
+    def _give_up(self, reason: str) -> None:
+        """Never ready again in this process: /readyz 503 with ``reason`` and ``failed``, so that whoever waits for
+        readiness (the start gate, tune, the bench) stops at once instead of waiting out its timeout."""
+        self.ready.clear()
+        self.failed = reason
+        self.gave_up = True
 
     def _release_mapped_weights(self) -> None:
         from service.mapped_weights import release

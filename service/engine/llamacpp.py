@@ -15,14 +15,21 @@ rest. llama-server reports how many prompt tokens came from that cache (``cache_
 A dead child is noticed within WATCH_INTERVAL_S: the service turns unready (/readyz 503 with the reason), the child
 is restarted with a bounded wait and back-off, at most VLFLEET_LLAMACPP_RESTARTS times in a row, and the service
 turns ready again; a job that was running fails with 503 (retry).
+
+A child that dies while loading (before /health 200, or in the warm-up answer) is not tried again: the same binary
+on the same model on the same CPU dies the same way (llama.cpp's AMX kernels on a Xeon with AMX: SIGSEGV, issue 30).
+The engine gives up at once, /readyz 503 with ``failed`` and a reason that names the signal or exit code, so the
+start gate, `vlfleet tune` and the bench stop waiting for it.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import secrets
+import subprocess
 import threading
 import time
 
@@ -31,7 +38,13 @@ from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
 from service.engine.job import FINISHED, RUNNING, Job
 from service.engine.llamacpp_api import Answer, ChatStream, Endpoint, LlamaServerError, call, messages, request_body
-from service.engine.llamacpp_child import ChildError, LlamaServerChild, server_command
+from service.engine.llamacpp_child import (
+    ChildError,
+    LlamaServerChild,
+    describe_exit,
+    died_while_loading,
+    server_command,
+)
 from service.errors import APIError, Overloaded
 from service.prompt_limits import VISION_WRAP, PromptLimits, VisionGrid
 
@@ -114,7 +127,16 @@ class LlamaCppEngine(Engine):
             self.pipeline.stop()
 
     def _warmup(self) -> None:
-        self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))
+        try:
+            self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))
+        except Exception as e:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a child that is dying: let it finish
+                self.pipeline.proc.wait(timeout=1)
+            if self.pipeline.alive():
+                raise
+            code = self.pipeline.exit_code()  # its first real image and prompt killed it: name how
+            raise ChildError(died_while_loading(code, self.pipeline.last_lines()) + " (in the warm-up answer)",
+                             exit_code=code) from e
 
     def _serve(self) -> None:
         while True:
@@ -137,15 +159,17 @@ class LlamaCppEngine(Engine):
         job._transition(RUNNING, FINISHED)
 
     def _child_gone(self) -> Overloaded:
-        return Overloaded(f"llama-server stopped (exit code {self.pipeline.exit_code()}); the engine is restarting "
-                          "it: retry", 503, retry_after=5)
+        return Overloaded(f"llama-server stopped ({describe_exit(self.pipeline.exit_code())}); the engine is "
+                          "restarting it: retry", 503, retry_after=5)
 
     def _restart(self) -> bool:
-        """Restart the dead child (bounded tries, back-off); True once it serves again."""
+        """Restart the dead child (bounded tries, back-off); True once it serves again. A try whose child dies while
+        loading ends the tries at once (see the module doc)."""
         code, tries = self.pipeline.exit_code(), self.settings.llamacpp_restarts
         self.ready.clear()
         log.error("llama-server died", extra={"exit_code": code, "last_lines": self.pipeline.last_lines()})
-        error = f"exit code {code}"
+        stopped = describe_exit(code)
+        error = stopped
         for attempt in range(1, tries + 1):
             self.failed = f"llama-server died ({error}); restarting it (attempt {attempt} of {tries})"
             time.sleep(min(MAX_BACKOFF_S, 2.0 ** (attempt - 1) - 1))  # 0, 1, 3, 7, 15, 30 s
@@ -154,6 +178,11 @@ class LlamaCppEngine(Engine):
             except (ChildError, OSError) as e:
                 error = str(e)
                 log.warning("llama-server restart failed", extra={"attempt": attempt, "error": error})
+                if isinstance(e, ChildError) and e.died:
+                    self._give_up(f"{error}; it had stopped while serving ({stopped}), and restart {attempt} of "
+                                  f"{tries} died while loading, so it is not tried again: restart the service")
+                    log.error(self.failed)
+                    return False
                 continue
             if self.restarts is not None:
                 self.restarts.inc()
@@ -161,7 +190,7 @@ class LlamaCppEngine(Engine):
             self.failed = None
             self.ready.set()
             return True
-        self.failed = f"llama-server died and did not come back after {tries} restarts ({error}); restart the service"
+        self._give_up(f"llama-server died and did not come back after {tries} restarts ({error}); restart the service")
         log.error(self.failed)
         return False
 

@@ -47,7 +47,44 @@ _LEVEL = re.compile(r"^\S+ ([EWIDT]) ")  # llama.cpp's log prefix: "0.01.188.669
 
 
 class ChildError(RuntimeError):
-    """llama-server is missing, would not start, or is not running; the message says which and why."""
+    """llama-server is missing, would not start, or is not running; the message says which and why.
+
+    ``exit_code``: set when the child died while loading (Popen's returncode: negative for a signal); trying it
+    again the same way will fail the same way, unlike a start that ran out of time."""
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    @property
+    def died(self) -> bool:
+        return self.exit_code is not None
+
+
+# What a signal that kills llama-server usually means, for the message that names it.
+_SIGNAL_HINTS = {
+    signal.SIGILL: "an instruction this CPU does not have: a build for another CPU (`vlfleet llamacpp.build` on "
+                   "this host's CPU, or the portable build)",
+    signal.SIGKILL: "killed from outside: the kernel's OOM killer (dmesg), or an operator",
+}
+
+
+def describe_exit(code: int | None) -> str:
+    """How a child ended, by its Popen returncode: "SIGSEGV" (killed by a signal), "exit code 3", "still running"."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def died_while_loading(code: int, last_lines: str) -> str:
+    """The message for a llama-server that died before it was ready (ChildError), naming the signal or code."""
+    hint = _SIGNAL_HINTS.get(-code) if code < 0 else None
+    return f"llama-server died while loading ({describe_exit(code)}{f': {hint}' if hint else ''}): {last_lines}"
 
 
 @dataclass(frozen=True)
@@ -223,8 +260,8 @@ class LlamaServerChild:
         while time.monotonic() < deadline:
             if not self.alive():
                 self._reader.join(timeout=2)  # its last words are what it died of
-                raise ChildError(f"llama-server exited (code {self.exit_code()}) before becoming ready: "
-                                 f"{self.last_lines()}")
+                code = self.exit_code()
+                raise ChildError(died_while_loading(code, self.last_lines()), exit_code=code)
             if self._port_seen.is_set() and self._healthy():
                 return
             time.sleep(HEALTH_POLL_S)

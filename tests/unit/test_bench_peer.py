@@ -157,5 +157,76 @@ def test_a_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
     broken.write_text("#!/bin/sh\necho 'error: unknown argument: --no-webui' >&2\nexit 1\n")
     broken.chmod(0o755)
     server = llama_server.LlamaServer(broken, art, tmp_path / "s.log", ready_timeout=30)
-    with pytest.raises(RuntimeError, match=r"(?s)exited \(code 1\) before becoming ready.*unknown argument"):
+    with pytest.raises(RuntimeError, match=r"(?s)died while loading \(exit code 1\).*unknown argument"):
         server.__enter__()
+
+
+def test_the_smoke_loads_and_answers_one_token(tmp_path, fake_binary):
+    art = gguf_artifact(tmp_path / "art")
+    result = llama_server.smoke(fake_binary, art, tmp_path / "smoke.log")
+    assert result["ok"] and result["prompt_tokens"] == 120 and result["load_s"] > 0 and result["first_token_s"] > 0
+    (body,) = [json.loads(line) for line in Path(f"{fake_binary}.bodies").read_text().splitlines()]
+    assert body["max_tokens"] == 1 and body["cache_prompt"] is False
+    assert body["messages"] == [workload.user_turn(workload.test_image(416, 277, seed=999))]
+
+
+def test_a_server_that_dies_while_loading_fails_the_smoke_naming_the_signal(tmp_path):
+    art = gguf_artifact(tmp_path / "art")
+    crashing = tmp_path / "llama-server"
+    crashing.write_text("#!/bin/sh\necho 'load_tensors: AMX model buffer size = 999.43 MiB'\nkill -SEGV $$\n")
+    crashing.chmod(0o755)
+    with pytest.raises(llama_server.SmokeError, match=r"died while loading \(SIGSEGV\): load_tensors: AMX"):
+        llama_server.smoke(crashing, art, tmp_path / "smoke.log")
+
+
+def test_a_server_that_dies_answering_fails_the_smoke_naming_the_signal(tmp_path, fake_binary):
+    art = gguf_artifact(tmp_path / "art")
+    dying = tmp_path / "dying.py"  # the stand-in, killed by SIGSEGV when the request comes
+    dying.write_text(f"#!{sys.executable}\n" + FAKE_SERVER.replace(
+        "        body = json.loads(", "        import os, signal; os.kill(os.getpid(), signal.SIGSEGV)\n"
+                                    "        body = json.loads("))
+    dying.chmod(0o755)
+    with pytest.raises(llama_server.SmokeError, match=r"died answering one token \(SIGSEGV\)"):
+        llama_server.smoke(dying, art, tmp_path / "smoke.log", timeout=30)
+
+
+def test_extra_arguments_go_at_the_end_of_the_command(tmp_path, fake_binary):
+    art = gguf_artifact(tmp_path / "art")
+    server = llama_server.LlamaServer(fake_binary, art, tmp_path / "s.log", extra_args=("--no-repack",))
+    assert server.command[-1] == "--no-repack" and server.command[:-1] == llama_server.server_command(
+        fake_binary, server.files, server.port, server.n_threads)
+
+
+def test_the_bench_stops_waiting_for_a_service_whose_engine_gave_up(tmp_path):
+    """The bench's tune once waited its whole ready timeout on a llamacpp engine whose llama-server had died while
+    loading; /readyz's ``failed`` ends the wait at once, with the engine's reason."""
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from ops.bench.server import wait_ready
+
+    class Unready(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = json.dumps({"ready": False, "failed": True, "reason": "model failed to load: llama-server died "
+                               "while loading (SIGSEGV): ..."}).encode()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Unready)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    proc = subprocess.Popen(["sleep", "60"])  # stands for the service process, alive and unready
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"will not become ready: .*died while loading \(SIGSEGV\)"):
+            wait_ready(f"http://127.0.0.1:{http.server_port}", proc, timeout=600)
+        assert time.monotonic() - started < 30
+    finally:
+        proc.kill()
+        proc.wait()
+        http.shutdown()

@@ -185,5 +185,107 @@ def test_a_child_that_dies_while_loading_is_named_with_its_last_words(tmp_path):
     binary = tmp_path / "llama-server"
     binary.write_text("#!/bin/sh\necho 'error: failed to load model' >&2\nexit 3\n")
     binary.chmod(0o755)
-    with pytest.raises(ChildError, match=r"exited \(code 3\) before becoming ready: error: failed to load model"):
+    with pytest.raises(ChildError, match=r"died while loading \(exit code 3\): error: failed to load model") as e:
         LlamaServerChild([str(binary), "--port", "0"]).start(30)
+    assert e.value.died and e.value.exit_code == 3
+
+
+def crashing_server(tmp_path, after: int = 0):
+    """A llama-server that dies of SIGSEGV while loading (as llama.cpp's AMX kernels did on the 2b model, issue 30),
+    from its ``after``-th start on; the starts before that are the stand-in server."""
+    binary, starts = tmp_path / "llama-server", tmp_path / "starts"
+    binary.write_text(f"""#!/bin/sh
+echo x >> {starts}
+if [ "$(wc -l < {starts})" -gt {after} ]; then
+  echo 'load_tensors: AMX model buffer size = 999.43 MiB'
+  kill -SEGV $$
+fi
+exec {sys.executable} {tmp_path / "fake.py"} "$@"
+""")
+    (tmp_path / "fake.py").write_text(FAKE_SERVER)
+    binary.chmod(0o755)
+    return binary
+
+
+def test_a_signal_is_named(tmp_path):
+    from service.engine.llamacpp_child import describe_exit
+
+    assert [describe_exit(c) for c in (-11, -9, 3, 0, None)] == ["SIGSEGV", "SIGKILL", "exit code 3", "exit code 0",
+                                                                 "still running"]
+    with pytest.raises(ChildError, match=r"died while loading \(SIGSEGV\): load_tensors: AMX model buffer") as e:
+        LlamaServerChild([str(crashing_server(tmp_path)), "--port", "0"]).start(30)
+    assert e.value.exit_code == -11
+
+
+def llamacpp_engine(gguf_artifact, binary, **env):
+    artifact, _ = gguf_artifact
+    settings = load({"VLFLEET_MODEL_DIR": str(artifact), "VLFLEET_ENGINE": "llamacpp", "VLFLEET_WARMUP": "false",
+                     "VLFLEET_LLAMACPP_SERVER": str(binary), "VLFLEET_LLAMACPP_START_TIMEOUT": "600", **env})
+    engine = make_engine(settings)
+    engine.start()
+    return engine
+
+
+def wait_until(condition, timeout: float = 30):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def readyz(engine) -> tuple[dict, int]:
+    import types
+
+    from flask import Flask
+
+    from service.health import bp
+
+    app = Flask("t")
+    app.register_blueprint(bp)
+    app.extensions["vlfleet"] = types.SimpleNamespace(
+        engine=engine, settings=engine.settings, artifact_id="a", started=0.0)
+    answer = app.test_client().get("/readyz")
+    return answer.get_json(), answer.status_code
+
+
+def test_an_engine_whose_llama_server_dies_while_loading_gives_up_at_once(gguf_artifact, tmp_path):
+    """Not after VLFLEET_LLAMACPP_START_TIMEOUT (600 s here): /readyz says failed, naming the signal."""
+    engine = llamacpp_engine(gguf_artifact, crashing_server(tmp_path))
+    try:
+        wait_until(lambda: engine.gave_up)
+        body, status = readyz(engine)
+        assert status == 503 and body["failed"] is True and not body["ready"]
+        assert body["reason"].startswith("model failed to load: llama-server died while loading (SIGSEGV): ")
+    finally:
+        engine._stop_child()
+
+
+def test_a_restart_that_dies_while_loading_is_not_tried_again(gguf_artifact, tmp_path):
+    """It served, was killed, and its restart died of SIGSEGV while loading: the engine gives up on the first try
+    (of 5) instead of crash-looping through the back-off."""
+    import signal
+
+    engine = llamacpp_engine(gguf_artifact, crashing_server(tmp_path, after=1), VLFLEET_LLAMACPP_RESTARTS="5")
+    try:
+        wait_until(engine.ready.is_set)
+        assert readyz(engine)[1] == 200
+        engine.pipeline.proc.send_signal(signal.SIGKILL)  # the stand-in server this test started
+        wait_until(lambda: engine.gave_up)
+        body, status = readyz(engine)
+        assert status == 503 and body["failed"] is True
+        assert "died while loading (SIGSEGV)" in body["reason"] and "stopped while serving (SIGKILL)" in body["reason"]
+        assert "restart 1 of 5" in body["reason"] and (tmp_path / "starts").read_text().count("x") == 2
+    finally:
+        engine._stop_child()
+
+
+def test_readyz_says_failed_only_when_the_engine_gave_up(gguf_artifact, tmp_path):
+    engine = make_engine(load({"VLFLEET_MODEL_DIR": str(gguf_artifact[0]), "VLFLEET_ENGINE": "llamacpp"}))
+    body, status = readyz(engine)
+    assert status == 503 and body["reason"] == "model loading" and "failed" not in body
+    engine.failed = "llama-server died (SIGKILL); restarting it (attempt 1 of 3)"
+    assert readyz(engine)[0]["failed"] is False
+    engine._give_up("model failed to load: boom")
+    assert readyz(engine)[0]["failed"] is True and readyz(engine)[0]["reason"] == "model failed to load: boom"
