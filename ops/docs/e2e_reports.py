@@ -28,6 +28,8 @@ REPORTS: dict[str, str] = {
     "faults-corrupt-artifact":
         E2E + "test_faults.py::test_truncated_model_file_service_refuses_checklist_names_it_lb_serves",
     "faults-disk-full-convert": E2E + "test_faults.py::test_disk_full_during_convert_leaves_no_partial_artifact",
+    "affinity-drain-e2e": E2E + "test_affinity.py::test_a_drained_host_hands_its_conversations_on_and_gets_them_back",
+    "affinity-kill-e2e": E2E + "test_affinity.py::test_a_killed_host_loses_no_request_and_its_conversations_return",
     "rollout-e2e": E2E + "test_rollout.py::test_rollout_under_load_reaches_every_host_with_no_failed_request",
     "rollout-bad-e2e": E2E + "test_rollout.py::test_release_that_cannot_start_is_rolled_back_on_the_canary_only",
     "rollback-e2e": E2E + "test_rollout.py::test_rollback_to_the_first_release_and_status_shows_the_fleet",

@@ -91,6 +91,12 @@ SPANS: dict[str, Callable[[dict], str]] = {
                                          f"truncated and the service restarted; the checklist: {_code(d['checklist'])}",
     "faults-disk-full-convert": lambda d: f"after **{_s(d['seconds'])}** the convert exits {d['exit']}, its last line "
                                           f"{_code(d['last_line'])}",
+    "affinity-drain-e2e": lambda d: f"{d['drained']} drained: its {d['moved']} of {d['conversations']} "
+                                    f"conversations went on elsewhere and came back after the undrain, the others "
+                                    f"never moved; {d['requests']} requests, **{d['failures']} failed**",
+    "affinity-kill-e2e": lambda d: f"{d['killed']} killed: its {d['moved']} of {d['conversations']} conversations "
+                                   f"went on elsewhere at once and came back once it was ready; {d['requests']} "
+                                   f"requests, **{d['failures']} failed**",
     "rollout-e2e": lambda d: f"all {d['hosts']} service hosts on the new release in **{_s(d['rollout_s'])}**",
     "rollout-e2e:load": _load,
     "rollout-bad-e2e": lambda d: f"stopped after **{_s(d['rollout_s'])}**",
