@@ -31,6 +31,20 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class ResponseFormat:
+    """What the answer must be, enforced while it is generated (not checked afterwards): any JSON object
+    (``json_object``), or JSON valid against ``schema`` (``json_schema``)."""
+
+    kind: str  # "json_object" | "json_schema"
+    schema: str | None = None  # the JSON Schema as canonical JSON text (sorted keys): hashable, and the same schema
+    # written two ways is one cache key
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("json_object", "json_schema") or (self.kind == "json_schema") != (self.schema is not None):
+            raise ValueError(f"bad response format {self.kind!r} (schema given: {self.schema is not None})")
+
+
+@dataclass(frozen=True)
 class Sampling:
     max_tokens: int
     temperature: float = 0.0  # 0 = greedy
@@ -38,6 +52,7 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: fixed output length from a model whose answers are noise
+    response_format: ResponseFormat | None = None  # None: free text
 
     @property
     def deterministic(self) -> bool:

@@ -38,6 +38,16 @@ def test_a_session_follow_up_is_keyed_by_the_session_it_continues():
         Conversation(follow_up), Sampling(16), "m")
 
 
+def test_another_response_format_is_another_answer():
+    from service.conversation import ResponseFormat
+
+    free = cache_key(conv(), Sampling(16), "m")
+    obj = cache_key(conv(), Sampling(16, response_format=ResponseFormat("json_object")), "m")
+    one = cache_key(conv(), Sampling(16, response_format=ResponseFormat("json_schema", '{"type": "object"}')), "m")
+    other = cache_key(conv(), Sampling(16, response_format=ResponseFormat("json_schema", '{"type": "array"}')), "m")
+    assert len({free, obj, one, other}) == 4
+
+
 def test_key_never_contains_the_image():
     key = cache_key(conv(), Sampling(16), "m")
     assert len(key) == 64 and "digest" not in key
