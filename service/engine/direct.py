@@ -1,13 +1,15 @@
 """The direct engine: one request at a time, like the serial engine, but over the artifact's sub-models
 (service.engine.direct_pipeline) so that a follow-up neither runs the vision encoder again nor recomputes the
 turns before it. The same queue, answer cache, sessions, limits, metrics and SSE as the other engines.
+It samples itself, so it enforces a response format itself: a JSON schema compiled into a token mask per step
+(service.engine.structured).
 """
 
 from __future__ import annotations
 
 import time
 
-from service.conversation import Sampling, Timings
+from service.conversation import Conversation, Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
 from service.engine.direct_pipeline import DirectPipeline
 from service.engine.events import Started, Token
@@ -16,6 +18,16 @@ from service.engine.job import Job
 
 class DirectEngine(Engine):
     """One DirectPipeline; its kept images and KV state survive between requests (trimmed under memory pressure)."""
+
+    constrains_output = True  # response_format: the answer is generated under the schema's grammar
+
+    def submit(self, conversation: Conversation, sampling: Sampling, request_id: str,
+               max_wait: float | None = None) -> Job:
+        """A schema the grammar engine cannot enforce is a 400 now, not after a wait in the queue; compiled here,
+        the inference thread takes it from the cache."""
+        if sampling.response_format is not None and self.pipeline is not None and self.ready.is_set():
+            self.pipeline.grammars.compiled(sampling.response_format)
+        return super().submit(conversation, sampling, request_id, max_wait)
 
     def _load(self):
         return DirectPipeline(self.settings)

@@ -4,6 +4,8 @@ state that follows the conversation (service.engine.vision, service.engine.state
 The tokenizer, chat template and detokenizer are the artifact's own (openvino-genai's Tokenizer), so the prompt is
 the one genai would build. Sampling is greedy unless a temperature is given (then top-p with the request's seed);
 stop strings are matched on the text, which is held back only as long as a stop string could still be completing.
+A response format (JSON) masks the logits at every step with its grammar's allowed tokens (service.engine.structured)
+before the same sampling; the end of the answer is then allowed only where the grammar accepts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from service.conversation import Conversation, Sampling
 from service.detokenize import IncrementalDecoder
 from service.engine.genai import pipeline_properties, render_prompt
 from service.engine.stateful_lm import Prompt, StatefulLM, TokenIds, expand_images
+from service.engine.structured import Grammars
 from service.engine.vision import VisionEncoder
 
 VISION_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"  # what the chat template writes for an image
@@ -56,6 +59,7 @@ class DirectPipeline:
         self.vision = VisionEncoder(core, model_dir, settings.device, vision_props,
                                     int(settings.image_cache_mb * 2**20))
         self.lm = StatefulLM(core, model_dir, settings.device, lm_props)
+        self.grammars = Grammars(model_dir, self.lm.vocab_size, self.ids.eos)
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -77,15 +81,27 @@ class DirectPipeline:
     def generate(self, conv: Conversation, sampling: Sampling, on_text: Callable[[str], None],
                  cancelled: Callable[[], bool]) -> Generation:
         stats = Generation()
+        # Compiled (or taken from the cache) before anything else: a schema it cannot enforce fails the request
+        # before a token is generated.
+        fmt = sampling.response_format
+        constraint = self.grammars.constraint(fmt) if fmt is not None else None
+        # ignore_eos (benchmarks) holds back the end while the grammar could go on; a complete answer still ends.
+        forbid = self.ids.eos if sampling.ignore_eos else ()
         prompt = self.prompt(conv, stats)
         stats.prompt_tokens = len(prompt.ids)
         logits, stats.reused_tokens = self.lm.prefill(prompt)
         rng = np.random.default_rng(sampling.seed)
         text = TextOut(IncrementalDecoder(self.tokenizer), sampling.stop, on_text)
         while True:
+            if constraint is not None:
+                if constraint.stopped:
+                    break
+                constraint.mask(logits, forbid)
             token = pick(logits, sampling, rng)
-            if token in self.ids.eos and not sampling.ignore_eos:
+            if token in self.ids.eos and (constraint is not None or not sampling.ignore_eos):
                 break
+            if constraint is not None:
+                constraint.consume(token)
             stats.completion_tokens += 1
             if text.push(token) or stats.completion_tokens >= sampling.max_tokens or cancelled():
                 break

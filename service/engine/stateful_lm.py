@@ -110,6 +110,7 @@ class StatefulLM:
         deepstack = model.input("deepstack_visual_embeds").get_partial_shape()
         self._layers = 0 if deepstack[0].is_dynamic else deepstack[0].get_length()
         self._hidden = model.input("inputs_embeds").get_partial_shape()[2].get_length()
+        self.vocab_size = model.output("logits").get_partial_shape()[2].get_length()  # logits per position
         # The sequence axis of each KV variable: its last dynamic dimension (the first is the batch).
         self._seq_axis = {v.info.variable_id: [i for i, d in enumerate(v.info.data_shape) if d.is_dynamic][-1]
                           for v in model.get_variables()}
