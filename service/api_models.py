@@ -126,6 +126,31 @@ class StreamOptions(Shape):
     continuous_usage_stats: bool = Field(False, description="accepted and ignored (vLLM's option)")
 
 
+class TextFormat(Shape):
+    type: Literal["text"] = Field(description="plain text: the same as no response_format")
+
+
+class JSONObjectFormat(Shape):
+    type: Literal["json_object"] = Field(description="the answer is one JSON object (constrained while generated)")
+
+
+class JSONSchema(Shape):
+    name: matching(r"^[A-Za-z0-9_-]{1,64}$", "invalid_value", "must be 1 to 64 letters, digits, '_' or '-'",
+                   description="the format's name (not sent to the model)")
+    schema_: Annotated[dict[str, Any], Field(alias="schema", description="the JSON Schema the answer follows")]
+    strict: bool | None = Field(None, description="accepted: the answer always follows the schema")
+    description: str | None = Field(None, description="accepted and not sent to the model")
+
+
+class JSONSchemaFormat(Shape):
+    type: Literal["json_schema"] = Field(description="the answer follows json_schema.schema (constrained while "
+                                                     "generated)")
+    json_schema: JSONSchema
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")]
+
+
 def _stream_options_need_stream(schema: dict) -> None:
     schema["if"] = {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]}
     schema["then"] = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
@@ -133,7 +158,7 @@ def _stream_options_need_stream(schema: dict) -> None:
 
 class ChatCompletionRequest(Shape):
     """POST /v1/chat/completions. OpenAI fields that would change the answer and are not implemented (tools,
-    response_format, logprobs, ...) are refused by name, not ignored."""
+    logprobs, ...) are refused by name, not ignored."""
 
     model_config = ConfigDict(json_schema_extra=_stream_options_need_stream)
 
@@ -153,6 +178,10 @@ class ChatCompletionRequest(Shape):
     frequency_penalty: Penalty | None = Field(None, description="0 only")
     presence_penalty: Penalty | None = Field(None, description="0 only")
     ignore_eos: bool = Field(False, description="benchmarks: always generate max_tokens")
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object or json_schema: the answer is constrained to it while it is generated; an "
+                          "engine that cannot constrain it refuses it (400, naming the engines that can); text: "
+                          "no constraint")
 
     @model_validator(mode="after")
     def _stream_options_only_when_streaming(self) -> ChatCompletionRequest:

@@ -7,14 +7,15 @@ Every refusal is an APIError naming the field (``param``) and the fix.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from service.api_models import ChatCompletionRequest, images, text
-from service.conversation import Conversation, Sampling, Turn
+from service.api_models import ChatCompletionRequest, JSONObjectFormat, JSONSchemaFormat, images, text
+from service.conversation import Conversation, ResponseFormat, Sampling, Turn
 from service.errors import APIError
 from service.images import PreparedImage
 from service.request_errors import api_error
@@ -26,7 +27,6 @@ UNSUPPORTED = {
     "tool_choice": "tool calling is not supported by this server",
     "functions": "function calling is not supported by this server",
     "function_call": "function calling is not supported by this server",
-    "response_format": "structured output (response_format) is not supported by this server",
     "logprobs": "logprobs are not supported by this server",
     "top_logprobs": "logprobs are not supported by this server",
     "logit_bias": "logit_bias is not supported by this server",
@@ -60,10 +60,22 @@ def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,
         seed=request.seed,
         stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
         ignore_eos=request.ignore_eos,
+        response_format=response_format(request),
     )
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     turns = _turns(request, max_images, load_image)
     return ChatRequest(Conversation(turns), sampling, request.stream, include_usage, model_name)
+
+
+def response_format(request: ChatCompletionRequest) -> ResponseFormat | None:
+    """The request's response_format as the engines take it: None for text (or none), else its kind and, for
+    json_schema, the schema as canonical JSON (the same schema always makes the same answer-cache key)."""
+    match request.response_format:
+        case JSONObjectFormat():
+            return ResponseFormat("json_object")
+        case JSONSchemaFormat(json_schema=spec):
+            return ResponseFormat("json_schema", json.dumps(spec.schema_, sort_keys=True))
+    return None
 
 
 def validate(body: Any) -> ChatCompletionRequest:

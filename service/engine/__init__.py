@@ -43,6 +43,7 @@ __all__ = [
     "SerialEngine",
     "Started",
     "Token",
+    "constraining_engines",
     "generation_config",
     "load_pipeline",
     "make_engine",
@@ -51,8 +52,16 @@ __all__ = [
 ]
 
 
+ENGINES: dict[str, type[Engine]] = {"direct": DirectEngine, "serial": SerialEngine, "batching": BatchingEngine,
+                                    "llamacpp": LlamaCppEngine}
+
+
 def make_engine(settings, *args, **kwargs) -> Engine:
     """The engine VLFLEET_ENGINE names: direct (the sub-models), serial (VLMPipeline), batching
     (ContinuousBatchingPipeline) or llamacpp (a llama-server child process)."""
-    engines = {"direct": DirectEngine, "serial": SerialEngine, "batching": BatchingEngine, "llamacpp": LlamaCppEngine}
-    return engines[settings.engine](settings, *args, **kwargs)
+    return ENGINES[settings.engine](settings, *args, **kwargs)
+
+
+def constraining_engines() -> list[str]:
+    """The engines that constrain an answer to a response_format (Engine.constrains_output)."""
+    return [name for name, engine in ENGINES.items() if engine.constrains_output]

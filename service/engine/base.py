@@ -40,6 +40,9 @@ class Engine:
 
     # Queued jobs run one after another (service.engine.admission): engines that run several at once opt out.
     estimates_wait = True
+    # The engine constrains an answer to a response_format (json_object, json_schema) while it is generated; the
+    # API refuses a response_format on an engine that does not (service.api_openai), never ignores it.
+    constrains_output = False
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         self.settings = settings
@@ -79,6 +82,8 @@ class Engine:
         VLFLEET_QUEUE_TIMEOUT), so that it goes to another host rather than wait here (service.routing)."""
         self._admit_or_refuse()
         self.limits.check(conversation)  # before queueing: a prompt over the limits never takes a queue slot
+        if sampling.response_format is not None:
+            self.check_format(sampling.response_format)  # a schema it cannot compile never takes a queue slot
         key = cache_key(conversation, sampling, self.model_id)
         answer = self.answers.get(key)
         if answer is not None:
@@ -99,6 +104,10 @@ class Engine:
         if self.metrics:
             self.metrics.queue_depth.set(self._queue.qsize())
         return job
+
+    def check_format(self, fmt) -> None:
+        """Raise the client's 400 for a response format this engine cannot enforce (engines that constrain
+        output check their grammar engine here, on the request's thread)."""
 
     def _admit_or_refuse(self) -> None:
         """Raise a 503 while the model is not ready or memory is short."""

@@ -18,7 +18,13 @@ from service.conversation import Conversation, Sampling, Timings
 from service.detokenize import IncrementalDecoder
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
-from service.engine.genai import generation_config, image_tensors, load_batching_pipeline, render_prompt
+from service.engine.genai import (
+    check_schema,
+    generation_config,
+    image_tensors,
+    load_batching_pipeline,
+    render_prompt,
+)
 from service.engine.job import RUNNING, Job
 
 log = logging.getLogger("vlfleet.engine")
@@ -45,6 +51,10 @@ class BatchingEngine(Engine):
     # shared steps slow each one down, so the sum of serial job times (service.engine.admission) would overstate the
     # wait many times over. The bounded queue (429) and the queue timeout (503) still hold here.
     estimates_wait = False
+    constrains_output = True  # genai's StructuredOutputConfig (xgrammar) on each request's GenerationConfig
+
+    def check_format(self, fmt) -> None:
+        check_schema(fmt)  # before add_request: a schema xgrammar cannot compile would break the pipeline's steps
 
     def _load(self):
         return load_batching_pipeline(self.settings)

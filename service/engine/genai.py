@@ -6,11 +6,16 @@ OpenVINO is imported inside each function, so importing this module stays cheap 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from service.conversation import Conversation, Sampling
+from service.conversation import Conversation, ResponseFormat, Sampling
+from service.errors import APIError
+
+ANY_OBJECT = '{"type": "object"}'  # json_object: a schema any JSON object follows
+SCHEMA_PARAM = "response_format.json_schema.schema"
 
 
 def genai_image_tag(index: int) -> str:
@@ -49,7 +54,45 @@ def generation_config(sampling: Sampling):
     if sampling.ignore_eos:
         cfg.ignore_eos = True
         cfg.min_new_tokens = sampling.max_tokens
+    if sampling.response_format is not None:
+        schema = schema_text(sampling.response_format)
+        cfg.structured_output_config = ov_genai.StructuredOutputConfig(json_schema=schema)
     return cfg
+
+
+def schema_text(fmt: ResponseFormat) -> str:
+    return ANY_OBJECT if fmt.kind == "json_object" else fmt.schema
+
+
+def check_schema(fmt: ResponseFormat) -> None:
+    """The client's 400, naming what is wrong, for a schema the grammar engines cannot compile; before the request
+    is queued. genai's own grammar engine (xgrammar) compiles a schema only once its request is scheduled, and a
+    schema it cannot compile then breaks a ContinuousBatchingPipeline for every request after it (measured:
+    each later step raises "cannot be called when we are already in scheduling phase"), so the schema is compiled
+    here first by llguidance, which refuses what it does not implement by name (``not``, ``if``, look-around in a
+    pattern, a dangling ``$ref``, an unknown ``type``) where xgrammar ignores some of those keywords."""
+    if fmt.kind != "json_schema":
+        return
+    from llguidance import LLMatcher
+
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(fmt.schema)
+        error = LLMatcher.validate_grammar(grammar)
+    except (ValueError, RuntimeError) as e:
+        error = str(e)
+    if error:
+        raise APIError(f"'{SCHEMA_PARAM}' cannot be enforced: {error.strip()}", param=SCHEMA_PARAM,
+                       code="unsupported_schema")
+
+
+def grammar_error(error: Exception) -> APIError | None:
+    """genai's grammar engine refusing a job's schema (raised when the job starts), as the client's 400; None for
+    another error."""
+    text = str(error)
+    if "xgrammar" not in text and "structured output" not in text.lower():
+        return None
+    reason = re.split(r"\.(?:cc|cpp|h|hpp):\d+:\s*", text.strip())[-1].strip()
+    return APIError(f"'{SCHEMA_PARAM}' cannot be enforced: {reason}", param=SCHEMA_PARAM, code="unsupported_schema")
 
 
 def pipeline_properties(settings) -> dict[str, Any]:

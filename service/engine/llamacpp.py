@@ -28,6 +28,7 @@ import atexit
 import contextlib
 import logging
 import math
+import re
 import secrets
 import subprocess
 import threading
@@ -101,6 +102,8 @@ class LlamaPromptLimits(PromptLimits):
 
 class LlamaCppEngine(Engine):
     """Jobs answered one at a time by a llama-server child that the engine starts, watches and restarts."""
+
+    constrains_output = True  # llama-server compiles response_format's schema to a grammar (llama_api.request_body)
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         super().__init__(settings, metrics, pipeline_factory, model_id, memory)
@@ -209,7 +212,7 @@ class LlamaCppEngine(Engine):
             stream = ChatStream(self.pipeline.endpoint(), request_body(conv, job.sampling))
         except LlamaServerError as e:
             if e.status == 400:
-                raise _client_error(e) from None
+                raise _client_error(e, job.sampling) from None
             raise
         finished = threading.Event()
         threading.Thread(target=_cancel_on_hangup, args=(job, stream, finished), daemon=True,
@@ -251,6 +254,10 @@ def _cancel_on_hangup(job: Job, stream: ChatStream, finished: threading.Event) -
             return
 
 
-def _client_error(e: LlamaServerError) -> APIError:
-    """llama-server's 400 (a prompt its context cannot hold, an image it cannot read) is the client's to fix."""
-    return APIError(str(e), 400, param="messages", code="invalid_request")
+def _client_error(e: LlamaServerError, sampling: Sampling | None = None) -> APIError:
+    """llama-server's 400 (a prompt its context cannot hold, an image it cannot read, a schema it cannot convert to
+    a grammar) is the client's to fix."""
+    text = str(e)
+    if sampling is not None and sampling.response_format is not None and re.search(r"schema|grammar", text, re.I):
+        return APIError(text, 400, param="response_format.json_schema.schema", code="unsupported_schema")
+    return APIError(text, 400, param="messages", code="invalid_request")

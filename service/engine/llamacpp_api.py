@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from service.conversation import Conversation, Sampling
+from service.conversation import Conversation, ResponseFormat, Sampling
 from service.images import PreparedImage
 
 STALL_TIMEOUT_S = 600.0  # longest silence from llama-server (a long prefill sends nothing) before we give up
@@ -95,7 +95,16 @@ def request_body(conv: Conversation, sampling: Sampling) -> dict:
         body["seed"] = sampling.seed
     if sampling.stop:
         body["stop"] = list(sampling.stop)
+    if sampling.response_format is not None:
+        body["response_format"] = response_format(sampling.response_format)
     return body
+
+
+def response_format(fmt: ResponseFormat) -> dict:
+    """The format as llama-server's OpenAI endpoint takes it: it compiles the schema to a grammar (a schema it
+    cannot convert is its 400, raised before it generates); json_object is any JSON object."""
+    schema = json.loads(fmt.schema) if fmt.kind == "json_schema" else {"type": "object"}
+    return {"type": "json_schema", "json_schema": {"schema": schema}}
 
 
 def call(server: Endpoint, path: str, body: dict | None = None, timeout: float = CALL_TIMEOUT_S) -> dict:

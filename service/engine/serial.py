@@ -13,12 +13,24 @@ from service.conversation import Sampling, Timings
 from service.detokenize import token_streamer
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
-from service.engine.genai import generation_config, image_tensors, load_pipeline, render_prompt
+from service.engine.genai import (
+    check_schema,
+    generation_config,
+    grammar_error,
+    image_tensors,
+    load_pipeline,
+    render_prompt,
+)
 from service.engine.job import Job
 
 
 class SerialEngine(Engine):
     """One VLMPipeline, one request at a time; follow-ups re-use the prefix cache's KV blocks of earlier turns."""
+
+    constrains_output = True  # genai's StructuredOutputConfig (xgrammar) on the job's GenerationConfig
+
+    def check_format(self, fmt) -> None:
+        check_schema(fmt)
 
     def _load(self):
         return load_pipeline(self.settings)
@@ -46,6 +58,9 @@ class SerialEngine(Engine):
         timings.image_encode_s = float(perf.get_prepare_embeddings_duration().mean) / 1000.0
         key = None if job.cancelled.is_set() else self._sessions.remember(conv, "".join(pieces))
         self._finish(job, pieces, timings, key)
+
+    def _failure(self, error: Exception) -> Exception:
+        return grammar_error(error) or error
 
     def _streamer(self, job: Job, pieces: list[str], timings: Timings, started: float):
         """genai's streamer callback: collect and send each piece of text; CANCEL once the client has gone."""
