@@ -24,6 +24,7 @@ from service.errors import APIError
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = '{"type": "object"}'  # json_object: any JSON object
 CAPACITY = 128  # compiled formats kept
+_FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 def schema_of(fmt: ResponseFormat) -> str:
@@ -105,19 +106,29 @@ class Constraint:
 
     def allowed(self) -> np.ndarray:
         """(vocabulary,) bool: the tokens the grammar allows next."""
-        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        self._check()
-        return np.unpackbits(self._bits.view(np.uint8), count=self._vocab, bitorder="little").view(bool)
+        return self._bitmask().view(bool)
 
     def mask(self, logits: np.ndarray, forbid: tuple[int, ...] = ()) -> np.ndarray:
-        """``logits`` (modified) with every token the grammar does not allow (and those of ``forbid``) at -inf."""
-        allowed = self.allowed()
-        n = min(len(logits), self._vocab)
-        logits[n:] = -np.inf
-        np.putmask(logits[:n], ~allowed[:n], -np.inf)
+        """``logits`` (modified) with every token the grammar does not allow (and those of ``forbid``) pushed to the
+        float32 minimum: no sampler picks them, and their probability is 0.
+
+        Branch-free arithmetic (bits -> 0 / -1 -> 0 / -max, added): boolean indexing, np.where and np.putmask
+        branch on every token and cost up to ten times more when the allowed tokens are scattered."""
+        if len(logits) != self._vocab:
+            raise ValueError(f"{len(logits)} logits for a grammar over {self._vocab} tokens")
+        bias = self._bitmask().astype(np.float32)
+        bias -= 1
+        bias *= _FLOAT32_MAX
+        logits += bias
         if forbid:
             logits[list(forbid)] = -np.inf
         return logits
+
+    def _bitmask(self) -> np.ndarray:
+        """(vocabulary,) uint8, 1 where allowed: llguidance writes one bit per token into ``_bits``."""
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        self._check()
+        return np.unpackbits(self._bits.view(np.uint8), count=self._vocab, bitorder="little")
 
     def consume(self, token: int) -> None:
         if not self._matcher.consume_token(token):
