@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from service.conversation import Conversation, Sampling, Timings
+from service.conversation import Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
 from service.engine.direct_pipeline import DirectPipeline
 from service.engine.events import Started, Token
@@ -21,13 +21,11 @@ class DirectEngine(Engine):
 
     constrains_output = True  # response_format: the answer is generated under the schema's grammar
 
-    def submit(self, conversation: Conversation, sampling: Sampling, request_id: str,
-               max_wait: float | None = None) -> Job:
-        """A schema the grammar engine cannot enforce is a 400 now, not after a wait in the queue; compiled here,
-        the inference thread takes it from the cache."""
-        if sampling.response_format is not None and self.pipeline is not None and self.ready.is_set():
-            self.pipeline.grammars.compiled(sampling.response_format)
-        return super().submit(conversation, sampling, request_id, max_wait)
+    def check_format(self, fmt) -> None:
+        """A schema the grammar engine cannot enforce is a 400 at submit, not after a wait in the queue; compiled
+        here (on the request's thread), the inference thread takes it from the cache."""
+        if self.pipeline is not None:
+            self.pipeline.grammars.compiled(fmt)
 
     def _load(self):
         return DirectPipeline(self.settings)

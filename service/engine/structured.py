@@ -17,18 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from service.conversation import ResponseFormat
+from service.engine.genai import SCHEMA_PARAM, schema_text
 from service.errors import APIError
 
 # One JSON layout: no free whitespace (with a model that rambles, a run of spaces or newlines could fill the whole
 # token budget), the separators json.dumps writes.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-ANY_OBJECT = '{"type": "object"}'  # json_object: any JSON object
 CAPACITY = 128  # compiled formats kept
 _FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
-
-
-def schema_of(fmt: ResponseFormat) -> str:
-    return ANY_OBJECT if fmt.kind == "json_object" else fmt.schema
 
 
 class Grammars:
@@ -67,7 +63,7 @@ class Grammars:
                 return matcher
             tokenizer = self._llg_tokenizer()
             try:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_of(fmt), defaults=JSON_OPTIONS)
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text(fmt), defaults=JSON_OPTIONS)
             except ValueError as e:  # not a JSON object at all
                 raise _unsupported(str(e)) from None
             is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
@@ -87,7 +83,7 @@ class Grammars:
 
 
 def _unsupported(reason: str) -> APIError:
-    return APIError(f"response_format: the JSON schema cannot be enforced: {reason}", 400, param="response_format",
+    return APIError(f"'{SCHEMA_PARAM}' cannot be enforced: {reason}", 400, param=SCHEMA_PARAM,
                     code="unsupported_schema")
 
 

@@ -1,21 +1,27 @@
 """response_format on the direct engine (issue 29, item 1), on the tiny model: with its random weights only a decoder
 constrained while it generates gives valid JSON, so every answer to 20 generated schemas must parse and validate
-(jsonschema), greedy and sampled; the end of an answer only where the grammar accepts; a schema the grammar engine
-cannot compile is a 400 naming the keyword, before any token; a repeated schema is compiled once."""
+(jsonschema), greedy and sampled, from the pipeline and through the service (streamed and not, the answer cache
+off); the end of an answer only where the grammar accepts; a schema the grammar engine cannot compile is a 400
+naming the keyword, before any token; a repeated schema is compiled once."""
 
 from __future__ import annotations
 
 import json
 import random
+from decimal import Decimal
 
 import jsonschema
 import pytest
+from openai import BadRequestError, OpenAI
+from pydantic import BaseModel, Field
 
 from service import settings as service_settings
 from service.conversation import Conversation, ResponseFormat, Sampling, Turn
 from service.engine.events import Done, Keepalive, Started, Token
+from service.engine.genai import SCHEMA_PARAM
 from service.errors import APIError
-from tests.integration.test_direct_engine import _conversation, _settings
+from tests import servers
+from tests.integration.test_direct_engine import MODEL, _conversation, _settings
 
 WORDS = ("price", "product", "name", "count", "unit", "total", "items", "colour", "label", "shop", "tags", "size")
 SEED, SCHEMAS = 29, 20
@@ -60,6 +66,13 @@ def generated_schemas(seed: int = SEED, n: int = SCHEMAS) -> list[dict]:
             for i in range(n)]
 
 
+def validate(text: str, schema: dict) -> None:
+    """``text`` parses as JSON valid against ``schema``; numbers as decimals on both sides, as JSON writes them
+    (in floats -38.8 is not a multiple of 0.1, for jsonschema's multipleOf)."""
+    decimal = json.loads(json.dumps(schema), parse_float=Decimal)
+    jsonschema.validate(json.loads(text, parse_float=Decimal), decimal)
+
+
 def json_schema(schema: dict) -> ResponseFormat:
     return ResponseFormat("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
 
@@ -97,7 +110,7 @@ def test_every_answer_validates_against_its_schema(pipe, index):
     for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "seed": index}):
         text, tokens = _answer(pipe, json_schema(schema), **sampling)
         assert tokens < MAX_TOKENS, f"cut at max_tokens: {text[:200]!r}"
-        jsonschema.validate(json.loads(text), schema)
+        validate(text, schema)
 
 
 def test_json_object_is_any_object(pipe):
@@ -143,7 +156,7 @@ def test_an_unsupported_schema_is_a_400_naming_it_before_any_token(pipe, schema,
         pipe.generate(QUESTION, Sampling(max_tokens=8, response_format=json_schema(schema)), pieces.append,
                       lambda: False)
     error = raised.value
-    assert (error.status, error.param, error.code) == (400, "response_format", "unsupported_schema")
+    assert (error.status, error.param, error.code) == (400, SCHEMA_PARAM, "unsupported_schema")
     assert named in error.message
     assert pieces == [] and pipe.lm.keys == keys  # nothing generated, not even a prefill
 
@@ -180,7 +193,7 @@ def test_the_engine_streams_a_valid_answer(engine):
     assert isinstance(events[0], Started) and isinstance(events[-1], Done), events[-1]
     text = "".join(e.text for e in events if isinstance(e, Token))
     assert events[-1].text == text and events[-1].finish_reason == "stop"
-    jsonschema.validate(json.loads(text), schema)
+    validate(text, schema)
 
 
 def test_the_engine_refuses_an_unsupported_schema_at_submit(engine):
@@ -197,3 +210,66 @@ def test_an_answer_without_a_format_is_free_text(engine):
     assert isinstance(events[-1], Done), events[-1]
     with pytest.raises(ValueError):
         json.loads(events[-1].text)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model, tmp_path_factory):
+    server = servers.start(tiny_model, tmp_path_factory.mktemp("structured-direct"), VLFLEET_ENGINE="direct",
+                           VLFLEET_ANSWER_CACHE_MB="0", VLFLEET_MAX_TOKENS=str(MAX_TOKENS))
+    yield OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    server.stop()
+
+
+def _chat(client, response_format: dict, stream: bool, **sampling) -> tuple[str, str]:
+    kwargs = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION.turns[-1].text}],
+              "response_format": response_format, "max_tokens": MAX_TOKENS, **sampling}
+    if not stream:
+        out = client.chat.completions.create(**kwargs)
+        return out.choices[0].message.content, out.choices[0].finish_reason
+    text, finish = [], None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    return "".join(text), finish
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_service_answers_every_schema_with_valid_json(client, stream):
+    for i, schema in enumerate(generated_schemas()):
+        fmt = {"type": "json_schema", "json_schema": {"name": f"schema_{i}", "schema": schema, "strict": True}}
+        for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 100 + i}):
+            text, finish = _chat(client, fmt, stream, **sampling)
+            assert finish == "stop", (i, sampling, text[:200])
+            validate(text, schema)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_service_refuses_an_unsupported_keyword_by_name(client, stream):
+    fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "array", "uniqueItems": True}}}
+    with pytest.raises(BadRequestError) as refused:
+        _chat(client, fmt, stream)
+    error = refused.value.body
+    assert error["param"] == SCHEMA_PARAM and error["code"] == "unsupported_schema", error
+    assert "uniqueItems" in error["message"], error
+    text, _ = _chat(client, {"type": "json_object"}, stream, temperature=0)
+    assert isinstance(json.loads(text), dict)  # and it goes on answering
+
+
+class Price(BaseModel):
+    product: str = Field(max_length=8)
+    price: int = Field(ge=0, le=999)
+    currency: str = Field(pattern="^(EUR|USD)$")
+
+
+class Receipt(BaseModel):
+    prices: list[Price] = Field(max_length=3)
+    paid: bool
+
+
+def test_the_sdk_parses_a_pydantic_model(client):
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 7}):
+        out = parse(model=MODEL, messages=[{"role": "user", "content": QUESTION.turns[-1].text}],
+                    response_format=Receipt, max_tokens=MAX_TOKENS, **sampling)
+        assert isinstance(out.choices[0].message.parsed, Receipt), out.choices[0].message.content
