@@ -36,7 +36,7 @@ class Grammars:
         self.vocab_size, self._eos, self._capacity = vocab_size, list(eos), capacity
         self._tokenizer = None
         self._compiled: OrderedDict[ResponseFormat, object] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.compiles = 0  # formats compiled (not taken from the cache)
 
     def _llg_tokenizer(self):
@@ -79,7 +79,8 @@ class Grammars:
             return matcher
 
     def constraint(self, fmt: ResponseFormat) -> Constraint:
-        return Constraint(self.compiled(fmt).deep_copy(), self.vocab_size)
+        with self._lock:  # the kept matcher is only ever copied, one thread at a time
+            return Constraint(self.compiled(fmt).deep_copy(), self.vocab_size)
 
 
 def _unsupported(reason: str) -> APIError:
