@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import math
 import re
@@ -104,6 +105,13 @@ class LlamaCppEngine(Engine):
     """Jobs answered one at a time by a llama-server child that the engine starts, watches and restarts."""
 
     constrains_output = True  # llama-server compiles response_format's schema to a grammar (llama_api.request_body)
+
+    def check_format(self, fmt) -> None:
+        if keyword := unenforced_keyword(fmt):
+            raise APIError(f"'response_format.json_schema.schema' cannot be enforced here: llama-server's grammar "
+                           f"ignores {keyword} on a number (bounds hold on integers; the serial and batching engines "
+                           f"enforce them on numbers)", param="response_format.json_schema.schema",
+                           code="unsupported_schema")
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         super().__init__(settings, metrics, pipeline_factory, model_id, memory)
@@ -244,6 +252,29 @@ class LlamaCppEngine(Engine):
                          if key in t}
         if self.metrics is not None and cached:
             self.metrics.reused_prompt_tokens.inc(cached)
+
+
+NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def unenforced_keyword(fmt) -> str | None:
+    """A keyword of the format's schema that llama-server's JSON-schema-to-grammar converter would drop (measured:
+    a number's minimum and maximum; answers of -668 and 5e+791 for minimum 12 and maximum 231), or None."""
+    if fmt.kind != "json_schema":
+        return None
+
+    def walk(node) -> str | None:
+        if isinstance(node, list):
+            return next((k for k in map(walk, node) if k), None)
+        if not isinstance(node, dict):
+            return None
+        kinds = node.get("type")
+        bound = next((k for k in NUMBER_BOUNDS if k in node), None)
+        if bound and "number" in (kinds if isinstance(kinds, list) else [kinds]):
+            return bound
+        return next((k for k in map(walk, node.values()) if k), None)
+
+    return walk(json.loads(fmt.schema))
 
 
 def _cancel_on_hangup(job: Job, stream: ChatStream, finished: threading.Event) -> None:

