@@ -112,6 +112,8 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
         server.__enter__()
     except RuntimeError as e:  # ChildError: died while loading (named), or did not load in time
         raise SmokeError(str(e)) from None
+    except OSError as e:  # not an executable
+        raise SmokeError(f"cannot start {binary}: {e}") from None
     try:
         try:
             a = answer(server.url, workload.test_image(width, height, seed=999), 1, timeout)
@@ -131,6 +133,13 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
                 "prompt_tokens": a.prompt_tokens, "threads": server.n_threads}
     finally:
         server.stop()
+
+
+def checked(inputs, log: Path, **kwargs):
+    """``inputs`` (the bench's PeerInputs: ``.server``, ``.artifact``) once ``smoke`` passed on them; SmokeError
+    otherwise. For a caller that skips llama-server when it does not run: ``peer = checked(peer_inputs(), log)``."""
+    smoke(inputs.server, inputs.artifact, log, **kwargs)
+    return inputs
 
 
 def answer(url: str, png: bytes, tokens: int, timeout: float = 600) -> workload.Answer:

@@ -60,3 +60,45 @@ def wheel(c, portable=False, out=None):
     except OSError as e:
         raise Exit(f"llamacpp.wheel: cannot write the wheel: {e}") from None
     print(path)
+
+
+@task(help={
+    "portable": "check the portable build (every CPU variant, picked at run time) instead of the native one",
+    "binary": "check this llama-server instead of a cached build (e.g. an older build, or a wheel's)",
+    "shape": "the synthetic checkpoint's shape, converted to GGUF Q4_0 + mmproj q8_0 (default 2b: what the fleet "
+             "serves; tiny never reaches some kernels)",
+    "runs": "answers timed per configuration, as built and with --no-repack (default 3; 0: the smoke alone)",
+    "tokens": "new tokens per timed answer (default 128)",
+    "out": "directory for check.json and check.md (default $VLFLEET_CACHE/reports/llamacpp-check); llama-server's "
+           "logs go to $VLFLEET_CACHE/reports/llamacpp-check-logs/",
+})
+def check(c, portable=False, binary=None, shape="2b", runs=3, tokens=128, out=None):
+    """Check that llama-server runs the model shape the fleet serves: load its GGUF and answer one token (a crash is
+    named with its signal), then time it as built and with --no-repack; check.json and check.md in --out. Exits 1
+    when the smoke fails."""
+    from pathlib import Path
+
+    from ops.llamacpp import build as build_mod
+    from ops.llamacpp import check as check_mod
+    from ops.llamacpp import gguf
+    from ops.llamacpp.source import SourceError
+    from ops.paths import cache_root
+
+    if int(runs) < 0 or int(tokens) < 2:
+        raise Exit("llamacpp.check: --runs must be >= 0 and --tokens >= 2")
+    config = build_mod.default_config(native=not portable)
+    try:
+        server = Path(binary) if binary else build_mod.build(config).binary("llama-server")
+        artifact = gguf.cached(shape, gguf.GgufParams("Q4_0", "q8_0"), quiet=False, build_config=config)
+    except (build_mod.BuildError, SourceError, gguf.GgufError, ValueError) as e:
+        raise Exit(f"llamacpp.check: {e}") from None
+    if not server.is_file():
+        raise Exit(f"llamacpp.check: {server} is not a file")
+    folder = Path(out) if out else cache_root() / "reports" / "llamacpp-check"
+    logs = cache_root() / "reports" / "llamacpp-check-logs" / folder.resolve().name
+    data = check_mod.run(server, artifact, logs, int(runs), int(tokens), shape,
+                         say=lambda m: print(f"[llamacpp.check] {m}", flush=True))
+    js, md = check_mod.write(data, folder)
+    print(f"{js}\n{md}")
+    if not data["smoke"]["ok"]:
+        raise Exit(f"llamacpp.check: llama-server does not run the {shape} shape: {data['smoke']['error'][:500]}")

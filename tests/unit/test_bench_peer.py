@@ -170,6 +170,13 @@ def test_the_smoke_loads_and_answers_one_token(tmp_path, fake_binary):
     assert body["messages"] == [workload.user_turn(workload.test_image(416, 277, seed=999))]
 
 
+def test_checked_inputs_are_the_ones_that_passed_the_smoke(tmp_path, fake_binary):
+    inputs = PeerInputs(fake_binary, gguf_artifact(tmp_path / "art"), {})
+    assert llama_server.checked(inputs, tmp_path / "smoke.log") is inputs
+    with pytest.raises(llama_server.SmokeError):
+        llama_server.checked(PeerInputs(tmp_path / "art" / "manifest.json", inputs.artifact, {}), tmp_path / "s.log")
+
+
 def test_a_server_that_dies_while_loading_fails_the_smoke_naming_the_signal(tmp_path):
     art = gguf_artifact(tmp_path / "art")
     crashing = tmp_path / "llama-server"

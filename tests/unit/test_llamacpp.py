@@ -293,3 +293,43 @@ def test_progress_bars_are_echoed_every_ten_percent():
     lines = [f"Writing:  {p}%|###   | {p}M/100M [00:01<00:01, 50Mbyte/s]" for p in (0, 3, 9, 10, 15, 20, 99, 100)]
     assert [line for line in lines if echo.wanted(line)] == [lines[0], lines[3], lines[5], lines[6], lines[7]]
     assert echo.wanted("INFO:hf-to-gguf:Model successfully exported to x.gguf")
+
+
+# --- vlfleet llamacpp.check's files --------------------------------------------------------------------------------
+
+def check_doc(smoke: dict, configs: dict | None = None) -> dict:
+    from ops.llamacpp import check
+
+    doc = {"machine": {"cpu": "Intel(R) Xeon(R) Processor", "isa": ["avx2", "amx_int8"], "cpus": 2, "loadavg": "1.0"},
+           "time": "2026-12-01T12:00:00Z", "binary": check.short(Path.home() / "b" / "llama-server"),
+           "build": {"key": "0.3.36-abc", "flags": ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF"],
+                     "compiler": "c++ 12"},
+           "artifact": {"shape": "2b", "path": "~/a", "artifact_id": "gguf-1", "sizes": {"lm.gguf": 1.05e9},
+                        "weight_format": {"format": "gguf", "language_model": "Q4_0", "mmproj": "q8_0"}},
+           "runs": 3, "tokens": 128, "smoke": smoke, "configs": configs or {}}
+    if configs:
+        doc["no_repack_over_repack"] = {"first_token_s": 1.2, "ms_per_token": 1.4, "total_s": 1.3}
+    return doc
+
+
+def test_the_check_page_is_rendered_from_its_json(tmp_path):
+    from ops.llamacpp import check
+
+    entry = {"args": [], "cold_start_s": 5.0, "first_token_s": 3.5, "ms_per_token": 85.0, "total_s": 14.3,
+             "server_timings": {"prompt_ms": 3400.0}, "peak_rss_bytes": 2.9e9}
+    doc = check_doc({"ok": True, "load_s": 5.1, "first_token_s": 3.6, "prompt_tokens": 144},
+                    {"repack": entry, "no-repack": {**entry, "args": ["--no-repack"], "ms_per_token": 119.0}})
+    js, md = check.write(doc, tmp_path / "out")
+    assert json.loads(js.read_text()) == doc and md.read_text() == check.render(doc)
+    page = md.read_text()
+    assert doc["binary"] == "~/b/llama-server" and "`~/b/llama-server`" in page
+    assert "ISA: avx2 amx_int8" in page and "`-DGGML_NATIVE=OFF`" in page and "Smoke: passed" in page
+    assert "| repack (`as built`) | 3.50 s | 85.0 | 14.30 s | 3.40 s | 5.0 s | 2.90 GB |" in page
+    assert "| no-repack (`--no-repack`) | 3.50 s | 119.0 |" in page and "ms/token 1.40x" in page
+
+
+def test_a_failed_smoke_is_the_pages_verdict():
+    from ops.llamacpp import check
+
+    page = check.render(check_doc({"ok": False, "error": "llama-server died while loading (SIGSEGV): x"}))
+    assert "**Smoke: FAILED.** llama-server died while loading (SIGSEGV): x" in page and "| llama-server |" not in page

@@ -1,0 +1,136 @@
+"""`vlfleet llamacpp.check`: does a llama-server build run the model shape the fleet serves, and how fast.
+
+The suite's llamacpp tests run the tiny model, whose matmuls never reach some of llama.cpp's kernels (the AMX ones
+that die with SIGSEGV on a Xeon with AMX, issue 30). This check runs the shape the fleet serves (2b, the synthetic
+checkpoint of the real model's size) as GGUF (Q4_0 + mmproj q8_0, ``ops.llamacpp.gguf.cached``):
+
+1. **smoke**: llama-server loads it and answers one token about the bench's image (``ops.bench.llama_server.smoke``);
+   a crash is reported with the signal it died of;
+2. with ``runs`` > 0, **speed**: ``runs`` answers of ``tokens`` tokens, each about a fresh 416x277 image, with the
+   bench's client (``ops.bench.llama_server.measure``), once as built (the repacked Q4_0 kernels, CPU_REPACK) and
+   once with ``--no-repack`` (the plain kernels: what a crash in the repacked or AMX buffers leaves).
+
+``check.json`` holds it all with the machine (CPU model, ISA flags) and the build (flags, key); ``check.md`` beside it
+is rendered from that JSON alone (``render``), so the numbers are never typed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ops.bench import llama_server
+
+COMPARED = (("repack", ()), ("no-repack", ("--no-repack",)))  # (name, llama-server arguments)
+JSON_NAME, MD_NAME = "check.json", "check.md"
+
+
+def short(path: Path | str) -> str:
+    """``path`` with the home directory as ``~`` (result files do not carry the user's home)."""
+    text, home = str(path), str(Path.home())
+    return "~" + text[len(home):] if text == home or text.startswith(home + "/") else text
+
+
+def build_info(binary: Path) -> dict:
+    """The build.json of the cached build ``binary`` belongs to (ops.llamacpp.build), or {} for another binary."""
+    info = Path(binary).resolve().parent.parent.parent / "build.json"  # <build>/build/bin/llama-server
+    try:
+        data = json.loads(info.read_text())
+    except (OSError, ValueError):
+        return {}
+    keep = ("version", "flags", "cpu", "removed_cpu_variants", "compiler", "build_s", "built_at")
+    return {"key": info.parent.name, **{k: data[k] for k in keep if k in data}}
+
+
+def run(binary: Path, artifact: Path, log_dir: Path, runs: int = 3, tokens: int = 128, shape: str = "2b",
+        say: Callable[[str], None] = print) -> dict:
+    """The smoke and (``runs`` > 0) the speed comparison of ``binary`` on GGUF ``artifact``; the JSON document."""
+    from ops.machine import describe
+    from service.manifest import read_manifest
+
+    manifest = read_manifest(artifact)
+    data: dict = {
+        "what": "llama-server on the fleet's model shape: load and one token, then first token and ms/token with "
+                "its repacked kernels and with --no-repack",
+        "machine": describe(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "binary": short(binary), "build": build_info(binary),
+        "artifact": {"shape": shape, "path": short(artifact), "artifact_id": manifest["artifact_id"],
+                     "weight_format": manifest["weight_format"],
+                     "sizes": {name: e["size"] for name, e in manifest["files"].items()}},
+        "runs": runs, "tokens": tokens, "logs": short(log_dir), "configs": {},
+    }
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data["smoke"] = llama_server.smoke(binary, artifact, log_dir / "smoke.log")
+        say(f"smoke: loaded in {data['smoke']['load_s']:.1f} s, one token after "
+            f"{data['smoke']['first_token_s']:.2f} s")
+    except llama_server.SmokeError as e:
+        data["smoke"] = {"ok": False, "error": str(e)[:2000]}
+        say(f"smoke FAILED: {e}")
+        data["loadavg_end"] = describe()["loadavg"]
+        return data
+    for name, extra in COMPARED if runs > 0 else ():
+        with llama_server.LlamaServer(binary, artifact, log_dir / f"{name}.log", extra_args=extra) as s:
+            say(f"{name}: ready after {s.cold_start_s:.1f} s")
+            entry = {"args": list(extra), "cold_start_s": round(s.cold_start_s, 3), "threads": s.n_threads,
+                     **llama_server.measure(s, runs, tokens, say=lambda m, n=name: say(f"{n}: {m}"))}
+            entry["peak_rss_bytes"] = s.peak_rss()
+        data["configs"][name] = entry
+    data["loadavg_end"] = describe()["loadavg"]  # with the machine's at the start: how quiet the run was
+    if {"repack", "no-repack"} <= set(data["configs"]):
+        fast, slow = data["configs"]["repack"], data["configs"]["no-repack"]
+        data["no_repack_over_repack"] = {k: round(slow[k] / fast[k], 3) for k in ("first_token_s", "ms_per_token",
+                                                                                   "total_s")}
+    return data
+
+
+def render(data: dict) -> str:
+    """check.md from check.json's document."""
+    m, b, a = data["machine"], data.get("build") or {}, data["artifact"]
+    ggml = [f for f in b.get("flags", []) if f.startswith("-DGGML_")]
+    end = f", {data['loadavg_end']} at the end" if data.get("loadavg_end") else ""
+    lines = [f"# llama-server on the {a['shape']}-shape GGUF: smoke and speed", "",
+             f"- CPU: {m['cpu']} ({m['cpus']} CPUs; load average {m['loadavg']} at the start{end})",
+             f"- ISA: {' '.join(m['isa'])}",
+             f"- binary: `{data['binary']}`" + (f" (build `{b['key']}`, {b.get('compiler', '')})" if b else ""),
+             f"- ggml flags: {' '.join(f'`{f}`' for f in ggml) or 'unknown'}"]
+    if b.get("removed_cpu_variants"):
+        lines.append(f"- CPU variants removed after the build: {', '.join(b['removed_cpu_variants'])}")
+    sizes = ", ".join(f"{n} {v / 1e9:.2f} GB" for n, v in a["sizes"].items())
+    lines += [f"- artifact: {a['artifact_id']} ({a['weight_format'].get('language_model')} + mmproj "
+              f"{a['weight_format'].get('mmproj')}; {sizes})", f"- measured {data['time']}; written by "
+              "`vlfleet llamacpp.check`, this page rendered from check.json", ""]
+    smoke = data["smoke"]
+    if smoke.get("ok"):
+        lines.append(f"**Smoke: passed.** Loaded in {smoke['load_s']:.2f} s; one token about the 416x277 image "
+                     f"({smoke['prompt_tokens']} prompt tokens) after {smoke['first_token_s']:.2f} s.")
+    else:
+        lines.append(f"**Smoke: FAILED.** {smoke['error'][:600]}")
+    if data["configs"]:
+        lines += ["", f"Medians of {data['runs']} answers of {data['tokens']} tokens, each about a fresh 416x277 image "
+                  "(bench client, `cache_prompt: false`, greedy, ignore_eos):", "",
+                  "| llama-server | first token | ms/token | whole answer | prompt eval (server) | ready after | "
+                  "peak RSS |", "|---|---|---|---|---|---|---|"]
+        for name, c in data["configs"].items():
+            prompt = c.get("server_timings", {}).get("prompt_ms")
+            rss = c.get("peak_rss_bytes")
+            lines.append(f"| {name} (`{' '.join(c['args']) or 'as built'}`) | {c['first_token_s']:.2f} s | "
+                         f"{c['ms_per_token']:.1f} | {c['total_s']:.2f} s | "
+                         f"{f'{prompt / 1000:.2f} s' if prompt is not None else '-'} | {c['cold_start_s']:.1f} s | "
+                         f"{f'{rss / 1e9:.2f} GB' if rss else '-'} |")
+        ratio = data.get("no_repack_over_repack")
+        if ratio:
+            lines += ["", f"`--no-repack` / as built: first token {ratio['first_token_s']:.2f}x, ms/token "
+                      f"{ratio['ms_per_token']:.2f}x, whole answer {ratio['total_s']:.2f}x."]
+    return "\n".join(lines) + "\n"
+
+
+def write(data: dict, out: Path) -> tuple[Path, Path]:
+    """check.json, then check.md rendered from the file just written."""
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / JSON_NAME, out / MD_NAME
+    js.write_text(json.dumps(data, indent=1) + "\n")
+    md.write_text(render(json.loads(js.read_text())))
+    return js, md
