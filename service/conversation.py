@@ -36,8 +36,8 @@ class ResponseFormat:
     (``json_object``), or JSON valid against ``schema`` (``json_schema``)."""
 
     kind: str  # "json_object" | "json_schema"
-    schema: str | None = None  # the JSON Schema as canonical JSON text (sorted keys): hashable, and the same schema
-    # written two ways is one cache key
+    schema: str | None = None  # the JSON Schema as compact JSON text in the client's key order (the order the
+    # answer's properties come out in, so two orders are two answers), hashable
 
     def __post_init__(self) -> None:
         if self.kind not in ("json_object", "json_schema") or (self.kind == "json_schema") != (self.schema is not None):

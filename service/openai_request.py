@@ -74,7 +74,8 @@ def response_format(request: ChatCompletionRequest) -> ResponseFormat | None:
         case JSONObjectFormat():
             return ResponseFormat("json_object")
         case JSONSchemaFormat(json_schema=spec):
-            return ResponseFormat("json_schema", json.dumps(spec.schema_, sort_keys=True))
+            # the client's key order: it is the order the answer's properties come out in
+            return ResponseFormat("json_schema", json.dumps(spec.schema_, separators=(",", ":")))
     return None
 
 

@@ -244,6 +244,16 @@ def test_the_service_answers_every_schema_with_valid_json(client, stream):
             validate(text, schema)
 
 
+def test_properties_come_out_in_the_schemas_order_not_sorted(client):
+    """Clients order fields on purpose (a reasoning field before the answer): the schema's order is the answer's."""
+    order = ["zeta", "alpha", "mid"]
+    schema = {"type": "object", "properties": {k: {"type": "integer", "minimum": 0, "maximum": 9} for k in order},
+              "required": order, "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "ordered", "schema": schema, "strict": True}}
+    text, finish = _chat(client, fmt, False, temperature=0)
+    assert finish == "stop" and list(json.loads(text)) == order, text
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_the_service_refuses_an_unsupported_keyword_by_name(client, stream):
     fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "array", "uniqueItems": True}}}
