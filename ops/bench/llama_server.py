@@ -157,21 +157,36 @@ def timing_medians(answers: list[workload.Answer]) -> dict[str, float]:
     return out
 
 
+def timed(server: LlamaServer, tokens: int, width: int = 416, height: int = 277, seed: int = 0) -> workload.Answer:
+    """One measured answer of ``tokens`` tokens about the bench's image of ``seed``; RuntimeError on a short one."""
+    a = answer(server.url, workload.test_image(width, height, seed=seed), tokens)
+    if a.sample.tokens != tokens:
+        raise RuntimeError(f"llama-server answered {a.sample.tokens} tokens, asked for {tokens} (ignore_eos)")
+    return a
+
+
+def warm_up(server: LlamaServer, width: int = 416, height: int = 277, seed: int = 0) -> None:
+    """The discarded first answer (8 tokens, an image no measured run uses)."""
+    answer(server.url, workload.test_image(width, height, seed=seed + 999), 8)
+
+
+def summary(answers: list[workload.Answer]) -> dict:
+    """The service's summary of ``answers`` (client-timed), llama-server's own timings, prompt tokens."""
+    prompt = [a.prompt_tokens for a in answers if a.prompt_tokens is not None]
+    return {**workload.summarize([a.sample for a in answers]), "server_timings": timing_medians(answers),
+            "prompt_tokens": statistics.median(prompt) if prompt else None}
+
+
 def measure(server: LlamaServer, runs: int, tokens: int, width: int = 416, height: int = 277, seed: int = 0,
             say: Callable[[str], None] = print) -> dict:
     """``runs`` answers, each about a fresh image (the seeds the service's int4 runs use), after one discarded
     warm-up: the service's summary (client-timed), llama-server's own timings, prompt tokens, memory."""
-    answer(server.url, workload.test_image(width, height, seed=seed + 999), 8)
+    warm_up(server, width, height, seed)
     answers = []
     for i in range(runs):
-        a = answer(server.url, workload.test_image(width, height, seed=seed + i), tokens)
+        a = timed(server, tokens, width, height, seed + i)
         answers.append(a)
         s = a.sample
-        if s.tokens != tokens:
-            raise RuntimeError(f"llama-server answered {s.tokens} tokens, asked for {tokens} (ignore_eos)")
         say(f"llama-server run {i + 1}/{runs}: first token {s.first_token_s:.2f}s, {s.ms_per_token:.1f} ms/token, "
             f"{s.tokens} tokens, {a.prompt_tokens} prompt tokens")
-    summary = workload.summarize([a.sample for a in answers])
-    prompt = [a.prompt_tokens for a in answers if a.prompt_tokens is not None]
-    return {**summary, "server_timings": timing_medians(answers),
-            "prompt_tokens": statistics.median(prompt) if prompt else None}
+    return summary(answers)

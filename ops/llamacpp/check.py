@@ -1,14 +1,16 @@
 """`vlfleet llamacpp.check`: does a llama-server build run the model shape the fleet serves, and how fast.
 
-The suite's llamacpp tests run the tiny model, whose matmuls never reach some of llama.cpp's kernels (the AMX ones
-that die with SIGSEGV on a Xeon with AMX, issue 30). This check runs the shape the fleet serves (2b, the synthetic
-checkpoint of the real model's size) as GGUF (Q4_0 + mmproj q8_0, ``ops.llamacpp.gguf.cached``):
+The suite's llamacpp tests run the tiny model, whose matmuls never reach some of llama.cpp's kernels (ggml's AMX
+matmul, which killed the native build with SIGSEGV or SIGILL on a Xeon with AMX, issue 30). This check runs the
+shape the fleet serves (2b, the synthetic checkpoint of the real model's size) as GGUF (Q4_0 + mmproj q8_0,
+``ops.llamacpp.gguf.cached``):
 
 1. **smoke**: llama-server loads it and answers one token about the bench's image (``ops.bench.llama_server.smoke``);
    a crash is reported with the signal it died of;
 2. with ``runs`` > 0, **speed**: ``runs`` answers of ``tokens`` tokens, each about a fresh 416x277 image, with the
-   bench's client (``ops.bench.llama_server.measure``), once as built (the repacked Q4_0 kernels, CPU_REPACK) and
-   once with ``--no-repack`` (the plain kernels: what a crash in the repacked or AMX buffers leaves).
+   bench's client (``ops.bench.llama_server.timed``), once as built (the repacked Q4_0 kernels, CPU_REPACK) and
+   once with ``--no-repack`` (the plain kernels: what a crash in the repacked or AMX buffers leaves); both servers
+   run at once and are asked in turn, so that drifting load on a shared machine weighs on both alike.
 
 ``check.json`` holds it all with the machine (CPU model, ISA flags) and the build (flags, key); ``check.md`` beside it
 is rendered from that JSON alone (``render``), so the numbers are never typed.
@@ -16,6 +18,7 @@ is rendered from that JSON alone (``render``), so the numbers are never typed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -71,19 +74,40 @@ def run(binary: Path, artifact: Path, log_dir: Path, runs: int = 3, tokens: int 
         say(f"smoke FAILED: {e}")
         data["loadavg_end"] = describe()["loadavg"]
         return data
-    for name, extra in COMPARED if runs > 0 else ():
-        with llama_server.LlamaServer(binary, artifact, log_dir / f"{name}.log", extra_args=extra) as s:
-            say(f"{name}: ready after {s.cold_start_s:.1f} s")
-            entry = {"args": list(extra), "cold_start_s": round(s.cold_start_s, 3), "threads": s.n_threads,
-                     **llama_server.measure(s, runs, tokens, say=lambda m, n=name: say(f"{n}: {m}"))}
-            entry["peak_rss_bytes"] = s.peak_rss()
-        data["configs"][name] = entry
+    if runs > 0:
+        data["configs"] = compare(binary, artifact, log_dir, runs, tokens, say)
     data["loadavg_end"] = describe()["loadavg"]  # with the machine's at the start: how quiet the run was
     if {"repack", "no-repack"} <= set(data["configs"]):
         fast, slow = data["configs"]["repack"], data["configs"]["no-repack"]
         data["no_repack_over_repack"] = {k: round(slow[k] / fast[k], 3) for k in ("first_token_s", "ms_per_token",
                                                                                    "total_s")}
     return data
+
+
+def compare(binary: Path, artifact: Path, log_dir: Path, runs: int, tokens: int,
+            say: Callable[[str], None] = print) -> dict:
+    """Each of COMPARED's llama-servers, all running at once (one answers while the others idle), warmed up, then
+    asked in turn: run i of each is about the same image, one after the other, so that a machine whose load drifts
+    (others' work on a shared host) weighs on every configuration alike."""
+    servers: dict[str, llama_server.LlamaServer] = {}
+    answers: dict[str, list] = {name: [] for name, _ in COMPARED}
+    with contextlib.ExitStack() as stack:
+        for name, extra in COMPARED:
+            s = stack.enter_context(llama_server.LlamaServer(binary, artifact, log_dir / f"{name}.log",
+                                                             extra_args=extra))
+            servers[name] = s
+            say(f"{name}: ready after {s.cold_start_s:.1f} s")
+        for s in servers.values():
+            llama_server.warm_up(s)
+        for i in range(runs):
+            for name, s in servers.items():
+                a = llama_server.timed(s, tokens, seed=i)
+                answers[name].append(a)
+                say(f"{name}: run {i + 1}/{runs}: first token {a.sample.first_token_s:.2f} s, "
+                    f"{a.sample.ms_per_token:.1f} ms/token")
+        return {name: {"args": list(extra), "cold_start_s": round(servers[name].cold_start_s, 3),
+                       "threads": servers[name].n_threads, **llama_server.summary(answers[name]),
+                       "peak_rss_bytes": servers[name].peak_rss()} for name, extra in COMPARED}
 
 
 def render(data: dict) -> str:
@@ -110,7 +134,8 @@ def render(data: dict) -> str:
         lines.append(f"**Smoke: FAILED.** {smoke['error'][:600]}")
     if data["configs"]:
         lines += ["", f"Medians of {data['runs']} answers of {data['tokens']} tokens, each about a fresh 416x277 image "
-                  "(bench client, `cache_prompt: false`, greedy, ignore_eos):", "",
+                  "(bench client, `cache_prompt: false`, greedy, ignore_eos; both servers up at once, asked in turn "
+                  "about the same images):", "",
                   "| llama-server | first token | ms/token | whole answer | prompt eval (server) | ready after | "
                   "peak RSS |", "|---|---|---|---|---|---|---|"]
         for name, c in data["configs"].items():

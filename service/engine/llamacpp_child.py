@@ -63,8 +63,9 @@ class ChildError(RuntimeError):
 
 # What a signal that kills llama-server usually means, for the message that names it.
 _SIGNAL_HINTS = {
-    signal.SIGILL: "an instruction this CPU does not have: a build for another CPU (`vlfleet llamacpp.build` on "
-                   "this host's CPU, or the portable build)",
+    signal.SIGILL: "an instruction the CPU refused: a build for another CPU (`vlfleet llamacpp.build` on this "
+                   "host's CPU, or the portable build), or ggml's AMX kernels, which builds from before issue 30 "
+                   "have (build again)",
     signal.SIGKILL: "killed from outside: the kernel's OOM killer (dmesg), or an operator",
 }
 

@@ -237,3 +237,16 @@ def test_the_bench_stops_waiting_for_a_service_whose_engine_gave_up(tmp_path):
         proc.kill()
         proc.wait()
         http.shutdown()
+
+
+def test_the_check_asks_each_llama_server_in_turn_about_the_same_images(tmp_path, fake_binary):
+    from ops.llamacpp import check
+
+    art = gguf_artifact(tmp_path / "art")
+    configs = check.compare(fake_binary, art, tmp_path / "logs", runs=2, tokens=4, say=lambda m: None)
+    assert list(configs) == ["repack", "no-repack"] and configs["no-repack"]["args"] == ["--no-repack"]
+    assert all(c["runs"] == 2 and c["tokens"] == 4 and c["peak_rss_bytes"] > 0 for c in configs.values())
+    bodies = [json.loads(line) for line in Path(f"{fake_binary}.bodies").read_text().splitlines()]
+    assert [b["max_tokens"] for b in bodies] == [8, 8, 4, 4, 4, 4]  # both warm-ups, then the runs in turn
+    images = [b["messages"][0]["content"][0]["image_url"]["url"] for b in bodies[2:]]
+    assert images[0] == images[1] != images[2] == images[3]
