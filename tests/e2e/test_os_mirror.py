@@ -1,4 +1,5 @@
-"""Air-gapped installs (issue 19): hosts built without python3-venv, nginx and numactl, which reach no registry.
+"""Air-gapped installs (issue 19): hosts built without python3-venv, nginx (and its JavaScript module) and numactl,
+which reach no registry.
 
 With installs off, os_packages stops and names what is missing. With installs on and the controller's mirror set
 (`vlfleet os-mirror.build` against the image's dpkg status, served on the fleet's bridge address), a full site.yml
@@ -23,9 +24,9 @@ pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
 FLEET = f"{E2E_FLEET}-bare"
 # What a stock server lacks and os_packages installs (their Debian 12 names, as the standard image bakes them in).
-LEFT_OUT = ("python3-venv", "nginx-light", "numactl")
+LEFT_OUT = ("python3-venv", "nginx-light", "libnginx-mod-http-js", "numactl")
 # What the role installs on Debian 12 instead, per host group (roles/os_packages/vars/Debian-12.yml).
-INSTALLED = {"vlm": ("python3.11-venv", "numactl"), "lb": ("nginx",)}
+INSTALLED = {"vlm": ("python3.11-venv", "numactl"), "lb": ("nginx", "libnginx-mod-http-js")}
 REGISTRY = ("deb.debian.org", 80)
 
 
