@@ -140,7 +140,10 @@ class Engine:
         if self.admission is None:
             return None
         running = self.running  # its started_at was set before it became the running job
-        current = None if running is None else (running.sampling.max_tokens, time.monotonic() - running.started_at)
+        # A job that has sent its answer is no work ahead, though the inference thread has not let go of it yet: a
+        # client that asks again at once (a follow-up) must not wait, or be sent away, for the previous answer.
+        busy = running is not None and not running.finished
+        current = (running.sampling.max_tokens, time.monotonic() - running.started_at) if busy else None
         with self._queue.mutex:  # queue.Queue's own lock: a consistent look at what waits, without taking it out
             queued = [job.sampling.max_tokens for job in self._queue.queue if job.queued]
         return self.admission.wait(current, queued)

@@ -47,6 +47,10 @@ class Job:
         """Still waiting to start (not picked up, not abandoned)."""
         return self._state == QUEUED
 
+    @property
+    def finished(self) -> bool:
+        return self._state == FINISHED
+
     def cancel(self) -> None:
         """The client went away: drop the job if still queued, else make the streamer return CANCEL."""
         self.cancelled.set()

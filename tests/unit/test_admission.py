@@ -90,3 +90,25 @@ def test_learning_and_estimating_from_several_threads():
     for t in readers:
         t.join()
     assert not errors
+
+
+def test_a_job_that_has_sent_its_answer_is_no_work_ahead():
+    """The inference thread lets go of a job just after its Done: a follow-up asked at once must not be refused (or
+    sent to another host by the load balancer's wait bound) for the answer it just got."""
+    import queue
+    import time
+    import types
+
+    from service.conversation import Conversation, Sampling, Turn
+    from service.engine.base import Engine
+    from service.engine.job import FINISHED, RUNNING, Job
+
+    est = WaitEstimator()
+    est.learn(timed(2.0, 0.5, 8))  # a slow host: an 8-token answer takes 5.5 s
+    job = Job(Conversation((Turn("user", "hi"),)), Sampling(max_tokens=64), "r1")
+    job._transition("queued", RUNNING)
+    job.started_at = time.monotonic()  # just started: its whole estimate is ahead
+    engine = types.SimpleNamespace(admission=est, running=job, _queue=queue.Queue())
+    assert Engine.estimated_wait(engine) > 10  # still generating: its remaining tokens are ahead
+    job._transition(RUNNING, FINISHED)
+    assert Engine.estimated_wait(engine) == est.wait(None, [])  # answered: nothing ahead
