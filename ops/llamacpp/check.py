@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -84,6 +85,24 @@ def run(binary: Path, artifact: Path, log_dir: Path, runs: int = 3, tokens: int 
     return data
 
 
+def cpu_seconds(pids: list[int], stat: Path = Path("/proc/stat")) -> tuple[float, float]:
+    """(CPU seconds every process of the machine has used, those of ``pids``) since boot, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    fields = stat.read_text().splitlines()[0].split()[1:]
+    busy = sum(int(v) for i, v in enumerate(fields[:8]) if i not in (3, 4))  # all but idle and iowait
+    own = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            own += int(parts[11]) + int(parts[12])  # utime, stime
+    return busy / tick, own / tick
+
+
+def others_share(before: tuple[float, float], after: tuple[float, float], wall_s: float, cpus: int) -> float:
+    """The share of the machine's ``cpus`` that other processes than ours used over ``wall_s``."""
+    return round(max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / (wall_s * cpus), 3)
+
+
 def compare(binary: Path, artifact: Path, log_dir: Path, runs: int, tokens: int,
             say: Callable[[str], None] = print) -> dict:
     """Each of COMPARED's llama-servers, all running at once (one answers while the others idle), warmed up, then
@@ -99,13 +118,19 @@ def compare(binary: Path, artifact: Path, log_dir: Path, runs: int, tokens: int,
             say(f"{name}: ready after {s.cold_start_s:.1f} s")
         for s in servers.values():
             llama_server.warm_up(s)
+        pids = [os.getpid(), *(s.proc.pid for s in servers.values())]  # the servers and their client
+        before, started = cpu_seconds(pids), time.monotonic()
         for i in range(runs):
             for name, s in servers.items():
                 a = llama_server.timed(s, tokens, seed=i)
                 answers[name].append(a)
                 say(f"{name}: run {i + 1}/{runs}: first token {a.sample.first_token_s:.2f} s, "
                     f"{a.sample.ms_per_token:.1f} ms/token")
+        wall = time.monotonic() - started
+        share = others_share(before, cpu_seconds(pids), wall, len(os.sched_getaffinity(0)))
+        say(f"other processes used {share:.0%} of the CPUs during the timed runs")
         return {name: {"args": list(extra), "cold_start_s": round(servers[name].cold_start_s, 3),
+                       "others_cpu_share": share,
                        "threads": servers[name].n_threads, **llama_server.summary(answers[name]),
                        "peak_rss_bytes": servers[name].peak_rss()} for name, extra in COMPARED}
 
@@ -145,6 +170,12 @@ def render(data: dict) -> str:
                          f"{c['ms_per_token']:.1f} | {c['total_s']:.2f} s | "
                          f"{f'{prompt / 1000:.2f} s' if prompt is not None else '-'} | {c['cold_start_s']:.1f} s | "
                          f"{f'{rss / 1e9:.2f} GB' if rss else '-'} |")
+        share = next(iter(data["configs"].values())).get("others_cpu_share")
+        if share is not None:
+            lines += ["", f"Other processes used {share:.0%} of the machine's CPUs during the timed runs"
+                      + (": a shared machine, so the times above are inflated (llama.cpp's threads wait for each "
+                         "other at every step, and any one preempted stalls the rest); compare the rows of this page "
+                         "with each other, not with a quiet machine's." if share > 0.1 else " (a quiet machine).")]
         ratio = data.get("no_repack_over_repack")
         if ratio:
             lines += ["", f"`--no-repack` / as built: first token {ratio['first_token_s']:.2f}x, ms/token "

@@ -4,6 +4,7 @@ converter and llama-quantize command lines, the pre-tokenizer fallback wrapper a
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -333,3 +334,16 @@ def test_a_failed_smoke_is_the_pages_verdict():
 
     page = check.render(check_doc({"ok": False, "error": "llama-server died while loading (SIGSEGV): x"}))
     assert "**Smoke: FAILED.** llama-server died while loading (SIGSEGV): x" in page and "| llama-server |" not in page
+
+
+def test_the_share_of_others_is_what_the_machine_used_besides_our_servers(tmp_path):
+    from ops.llamacpp import check
+
+    busy, ours = check.cpu_seconds([os.getpid()])
+    assert busy > 0 and 0 < ours <= busy
+    assert check.others_share((100.0, 10.0), (130.0, 30.0), wall_s=10.0, cpus=2) == 0.5  # 10 of 20 CPU-seconds
+    assert check.others_share((100.0, 10.0), (110.0, 30.0), wall_s=10.0, cpus=2) == 0.0
+    doc = check_doc({"ok": True, "load_s": 1.0, "first_token_s": 1.0, "prompt_tokens": 1},
+                    {"repack": {"args": [], "cold_start_s": 1.0, "first_token_s": 1.0, "ms_per_token": 1.0,
+                                "total_s": 1.0, "others_cpu_share": 0.45}})
+    assert "Other processes used 45% of the machine's CPUs" in check.render(doc) and "inflated" in check.render(doc)
