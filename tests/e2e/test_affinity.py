@@ -3,8 +3,9 @@
 On the standard e2e fleet (c1, c2, vm1 behind lb1's nginx, the lb role's affinity routing on), stateless openai-SDK
 conversations, each about its own image, go through nginx: every turn of a conversation is answered by the same
 host (its X-Served-By). Then the host holding the most conversations is drained as a rollout drains it, and later
-one is killed (kill -9, systemd restarts it): their conversations go on at once on other hosts with no failed
-request, the others stay where they were, and once the host is back every conversation is where it was before.
+one is killed (SIGKILL, kept down, then started again): their conversations go on at once on other hosts with no
+failed request, the others stay where they were, and once the host is back every conversation is where it was
+before.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import socket
 import time
 import uuid
 from collections import Counter
@@ -44,6 +46,7 @@ class Conversations:
         self.run_id = uuid.uuid4().hex[:8]
         self.histories: dict[int, list[dict]] = {}
         self.turns: list[fleet_locality.Turn] = []
+        self.spilled: set[int] = set()  # conversations whose last turn a busy host passed on (lb_affinity_max_wait_s)
 
     def start(self, i: int) -> str:
         png = fleet_locality.image_data(self.run_id, i, (96, 64))
@@ -68,6 +71,7 @@ class Conversations:
             turn.error, answer = f"{type(e).__name__}: {e}"[:300], ""
         self.histories[i].append({"role": "assistant", "content": answer})
         self.turns.append(turn)
+        (self.spilled.add if turn.route in ("spill", "overflow") else self.spilled.discard)(i)
         return turn.host
 
     def failed(self) -> list[dict]:
@@ -81,6 +85,16 @@ def _get(address: str, path: str, port: int = 80) -> bytes:
         return conn.getresponse().read()
     finally:
         conn.close()
+
+
+def _refused(address: str, port: int = 8000) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _readyz(address: str) -> bool:
@@ -108,18 +122,25 @@ def placed(converged_inventory):
     first = {i: talk.start(i) for i in range(CONVERSATIONS)}
     second = talk.round()
     assert not talk.failed(), talk.failed()
-    assert second == first, f"conversations changed hosts between their first two turns: {first} -> {second}"
+    _moves(talk, first, second, away=None)
     assert len(set(first.values())) >= 2, f"{CONVERSATIONS} conversations all on one host: {first}"
     return talk, first
 
 
-def _moves(before: dict[int, str], after: dict[int, str], away: str) -> None:
-    """The conversations ``away`` held went elsewhere; the others stayed where they were."""
+def _moves(talk: Conversations, before: dict[int, str], after: dict[int, str], away: str | None) -> None:
+    """The conversations ``away`` held went elsewhere; the others stayed where they were, unless their host was too
+    busy for the turn and nginx passed it on (its route says so: bounded load, not a lost placement)."""
     for i, host in before.items():
         if host == away:
             assert after[i] != away, f"conversation {i} still on {away}"
-        else:
+        elif i not in talk.spilled:
             assert after[i] == host, f"conversation {i} moved from {host} to {after[i]}, though {host} stayed up"
+
+
+def _back(talk: Conversations, home: dict[int, str]) -> bool:
+    """The next round found every conversation on its own host (bar a turn a busy host passed on)."""
+    after = talk.round()
+    return all(after[i] == host or i in talk.spilled for i, host in home.items())
 
 
 def test_a_drained_host_hands_its_conversations_on_and_gets_them_back(converged_inventory, placed):
@@ -133,8 +154,8 @@ def test_a_drained_host_hands_its_conversations_on_and_gets_them_back(converged_
             fleet.set_drained([], [gone])
     back = talk.round()
     assert not talk.failed(), talk.failed()
-    _moves(home, during, gone)
-    assert back == home, f"after {gone} came back: {back}, before: {home}"
+    _moves(talk, home, during, gone)
+    _moves(talk, home, back, away=None)  # every conversation where it was before the drain
     record("affinity-drain-e2e", {"drained": gone, "moved": sum(h == gone for h in home.values()),
                                   "conversations": CONVERSATIONS, "requests": len(talk.turns), "failures": 0})
 
@@ -145,12 +166,17 @@ def test_a_killed_host_loses_no_request_and_its_conversations_return(converged_i
     victim = Counter(containers).most_common(1)[0][0]  # a container: it restarts in seconds, a TCG VM in minutes
     host = talk.hosts[victim]
     before = len(talk.turns)
-    sudo(host, "kill -9 $(systemctl show -p MainPID --value vlfleet.service)")
-    during = talk.round()  # at once: the host is restarting (refused) or loading (503): nginx moves on
-    _moves(home, during, victim)
-    _until(lambda: _readyz(host["ansible_host"]), BACK_BOUND_S, f"{victim} ready again after kill -9")
+    # SIGKILL to every process of the service, then kept down (stop cancels systemd's restart, which on the tiny
+    # model would be back before the next turn) until it is started again: its conversations must go on meanwhile.
+    sudo(host, "systemctl kill --signal=SIGKILL vlfleet.service; systemctl stop vlfleet.service")
+    # In a container systemd cannot kill the whole cgroup: gunicorn's worker outlives its master for a moment
+    _until(lambda: _refused(host["ansible_host"]), 60, f"{victim}'s service port closed")
+    during = talk.round()  # the host refuses connections: nginx passes each turn on
+    _moves(talk, home, during, victim)
+    sudo(host, "systemctl reset-failed vlfleet.service; systemctl start vlfleet.service")
+    _until(lambda: _readyz(host["ansible_host"]), BACK_BOUND_S, f"{victim} ready again after its restart")
     # nginx tries a failed host again after lb_fail_timeout: then the conversations are where they were
-    _until(lambda: talk.round() == home, BACK_BOUND_S, f"conversations back on {victim}")
+    _until(lambda: _back(talk, home), BACK_BOUND_S, f"conversations back on {victim}")
     assert not talk.failed(), talk.failed()
     record("affinity-kill-e2e", {"killed": victim, "moved": sum(h == victim for h in home.values()),
                                  "conversations": CONVERSATIONS, "requests": len(talk.turns) - before,
