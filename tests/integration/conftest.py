@@ -24,6 +24,19 @@ def service(tiny_model, tmp_path_factory):
     server.stop()
 
 
+def chat_text(client, stream: bool, **kwargs) -> tuple[str, str | None]:
+    """A chat completion's text and finish reason with the openai SDK, streamed or not."""
+    if not stream:
+        out = client.chat.completions.create(**kwargs)
+        return out.choices[0].message.content, out.choices[0].finish_reason
+    text, finish = [], None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    return "".join(text), finish
+
+
 def png_bytes(size=(96, 64), color=(200, 40, 40), mode="RGB", fmt="PNG") -> bytes:
     buf = io.BytesIO()
     Image.new(mode, size, color).save(buf, fmt)

@@ -28,6 +28,7 @@ from service.conversation import ResponseFormat
 from service.engine import ENGINES, constraining_engines
 from service.engine.llamacpp import unenforced_keyword
 from tests import servers
+from tests.integration.conftest import chat_text
 from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
 
 MODEL = "qwen3-vl-2b-instruct"
@@ -85,15 +86,7 @@ def answer(client: OpenAI, response_format: dict, stream: bool, seed: int) -> tu
     kwargs = {"model": MODEL, "messages": [QUESTION], "response_format": response_format,
               "max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": seed,
               "extra_headers": {"X-Request-Id": uuid.uuid4().hex[:16]}}
-    if not stream:
-        out = client.chat.completions.create(**kwargs)
-        return out.choices[0].message.content, out.choices[0].finish_reason
-    text, finish = [], None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        for choice in chunk.choices:
-            text.append(choice.delta.content or "")
-            finish = choice.finish_reason or finish
-    return "".join(text), finish
+    return chat_text(client, stream, **kwargs)
 
 
 def client_of(server: servers.Server) -> OpenAI:

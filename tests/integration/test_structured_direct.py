@@ -21,6 +21,7 @@ from service.engine.events import Done, Keepalive, Started, Token
 from service.engine.genai import SCHEMA_PARAM
 from service.errors import APIError
 from tests import servers
+from tests.integration.conftest import chat_text
 from tests.integration.test_direct_engine import MODEL, _conversation, _settings
 
 WORDS = ("price", "product", "name", "count", "unit", "total", "items", "colour", "label", "shop", "tags", "size")
@@ -223,15 +224,7 @@ def client(tiny_model, tmp_path_factory):
 def _chat(client, response_format: dict, stream: bool, **sampling) -> tuple[str, str]:
     kwargs = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION.turns[-1].text}],
               "response_format": response_format, "max_tokens": MAX_TOKENS, **sampling}
-    if not stream:
-        out = client.chat.completions.create(**kwargs)
-        return out.choices[0].message.content, out.choices[0].finish_reason
-    text, finish = [], None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        for choice in chunk.choices:
-            text.append(choice.delta.content or "")
-            finish = choice.finish_reason or finish
-    return "".join(text), finish
+    return chat_text(client, stream, **kwargs)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
