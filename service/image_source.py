@@ -36,7 +36,10 @@ def loader(settings) -> Callable[[str, str, str | None], PreparedImage]:
 def load(url: str, param: str, limits: ImageLimits, allowed_domains: tuple[str, ...]) -> PreparedImage:
     if url.startswith("data:"):
         return prepare(decode_data_url(url, param), limits, param)
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as e:  # "http://[": urllib refuses what is not a URL at all
+        raise APIError(f"image_url is not a URL ({e})", param=param, code="invalid_image_url") from None
     if scheme not in ("http", "https"):
         raise APIError("image_url must be a data: URL (or an http(s) URL from an allowed domain)", param=param,
                        code="invalid_image_url")
@@ -82,7 +85,10 @@ def fetch(url: str, param: str, max_bytes: int, allowed_domains: tuple[str, ...]
     if not _domain_allowed(host, allowed_domains):
         raise APIError(f"image URLs from {host or '(no host)'} are not allowed; send a data: URL", 403,
                        param=param, code="image_url_forbidden")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:  # a port out of range or not a number
+        raise APIError(f"image_url has a bad port ({e})", param=param, code="invalid_image_url") from None
     address = _public_address(host, port, param)  # connect to the checked address: no DNS rebinding
     if parts.scheme == "https":
         conn: http.client.HTTPConnection = _PinnedHTTPS(host, address, port)
