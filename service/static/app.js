@@ -3,11 +3,10 @@
 const $ = (id) => document.getElementById(id);
 let image = null;      // the File being discussed
 let session = null;    // server's key for the conversation so far (a follow-up sends only its question)
-let affinity = null;   // the fleet's load balancer names the conversation's host by this key: sent back, it stays there
 
 function setImage(file) {
   if (!file || !file.type.startsWith("image/")) { showError("That file is not an image."); return; }
-  image = file; session = null; affinity = null;
+  image = file; session = null;
   $("preview").src = URL.createObjectURL(file); $("preview").hidden = false;
   $("drop-hint").hidden = true; $("log").innerHTML = ""; $("stats").textContent = ""; showError(null);
   $("question").focus();
@@ -58,9 +57,7 @@ async function ask(question) {
   const t0 = performance.now();
   let firstToken = null, tokens = 0;
   try {
-    const response = await fetch("/chat", { method: "POST", body: form,
-                                             headers: affinity ? { "X-Affinity-Key": affinity } : {} });
-    affinity = affinity || response.headers.get("X-Affinity-Key");
+    const response = await fetch("/chat", { method: "POST", body: form });
     if (!response.ok) {
       const body = await response.json().catch(() => ({}));
       throw new Error((body.error && body.error.message) || `HTTP ${response.status}`);
