@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -107,7 +108,7 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
 
     The bench's peer section and tune call it before measuring llama-server, so a build that crashes on the
     served shape is named at once (call: ``llama_server.smoke(inputs.server, inputs.artifact, log)``)."""
-    server = LlamaServer(binary, artifact, log, ready_timeout=ready_timeout)
+    server = LlamaServer(binary, artifact, log, ready_timeout=ready_timeout, extra_args=("-lv", "4"))
     try:
         server.__enter__()
     except RuntimeError as e:  # ChildError: died while loading (named), or did not load in time
@@ -130,9 +131,27 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
         if a.sample.tokens != 1:
             raise SmokeError(f"llama-server answered {a.sample.tokens} tokens, asked for 1 (ignore_eos)")
         return {"ok": True, "load_s": round(server.cold_start_s, 3), "first_token_s": round(a.sample.first_token_s, 3),
-                "prompt_tokens": a.prompt_tokens, "threads": server.n_threads}
+                "prompt_tokens": a.prompt_tokens, "threads": server.n_threads, **kernels(log)}
     finally:
         server.stop()
+
+
+_BACKEND = re.compile(r"loaded CPU backend from (\S+)")
+_BUFFER = re.compile(r"load_tensors:\s+(\S+) model buffer size")
+
+
+def kernels(log: Path) -> dict:
+    """What llama-server's verbose log (``-lv 4``) says about its CPU kernels: the backend library a portable build
+    loaded (``cpu_backend``, e.g. libggml-cpu-zen4.so; absent for a native build) and the model's buffer types
+    (``buffers``: CPU_REPACK for the repacked Q4_0 kernels, AMX for ggml's AMX ones)."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return {}
+    found: dict = {"buffers": list(dict.fromkeys(_BUFFER.findall(text)))}
+    if m := _BACKEND.search(text):
+        found["cpu_backend"] = Path(m.group(1)).name
+    return found
 
 
 def checked(inputs, log: Path, **kwargs):

@@ -167,6 +167,12 @@ def test_the_smoke_loads_and_answers_one_token(tmp_path, fake_binary):
     assert result["ok"] and result["prompt_tokens"] == 120 and result["load_s"] > 0 and result["first_token_s"] > 0
     (body,) = [json.loads(line) for line in Path(f"{fake_binary}.bodies").read_text().splitlines()]
     assert body["max_tokens"] == 1 and body["cache_prompt"] is False
+    log = tmp_path / "verbose.log"
+    log.write_text("0.00.008 I load_backend: loaded CPU backend from /b/bin/libggml-cpu-zen4.so\n"
+                   "load_tensors:   CPU_Mapped model buffer size =   993.15 MiB\n"
+                   "load_tensors:   CPU_REPACK model buffer size =   756.00 MiB\n")
+    assert llama_server.kernels(log) == {"buffers": ["CPU_Mapped", "CPU_REPACK"], "cpu_backend": "libggml-cpu-zen4.so"}
+    assert llama_server.kernels(tmp_path / "none.log") == {}
     assert body["messages"] == [workload.user_turn(workload.test_image(416, 277, seed=999))]
 
 
