@@ -3,15 +3,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test bench lint clean-venv
+.PHONY: venv demo demo-down test bench lint clean-venv
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml ops/bootstrap_venv.sh
 	bash ops/bootstrap_venv.sh $(VENV)
 	touch $@
 
 demo: venv
 	$(VENV)/bin/vlfleet demo
+
+demo-down: venv
+	$(VENV)/bin/vlfleet staging.down --name demo
 
 test: venv
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

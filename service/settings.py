@@ -241,6 +241,7 @@ LAUNCHER_ENV: tuple[str, ...] = ("VLFLEET_CPUS", "VLFLEET_CPU_PLAN_FILE")
 # every VLFLEET_* name in the tree).
 TOOLING_ENV: tuple[str, ...] = (
     "VLFLEET_CACHE",  # ops/paths.py: the controller's cache
+    "VLFLEET_TORCH_INDEX",  # ops/bootstrap_venv.sh: where torch's CPU build comes from
     "VLFLEET_PROFILE_JSON",  # ops/playbook.py -> the Ansible profile callback
     "VLFLEET_REQUIRE_ALL",  # tests: a skip or xfail fails the run (CI)
     "VLFLEET_E2E_BUDGET_S", "VLFLEET_E2E_CONVERGED", "VLFLEET_E2E_FLEET",  # tests/e2e

@@ -21,4 +21,4 @@ def require_tools(*tools: str, root: bool = False) -> None:
     if root:
         require(os.geteuid() == 0, "needs root")
     for tool in tools:
-        require(shutil.which(tool) is not None, f"needs {tool} on PATH (see .ci/apt-packages.txt)")
+        require(shutil.which(tool) is not None, f"needs {tool} on PATH (see .ci/apt-packages/)")

@@ -163,7 +163,7 @@ def test_other_programs_and_repo_files_exist(item):
         assert argv[1].startswith(".venv/"), f"sourcing {argv[1]}: only the venv's activate script is expected"
     else:
         found = shutil.which(program) or (BIN / program).exists()
-        assert found, f"`{' '.join(argv)}`: {program} not installed (controller extra or .ci/apt-packages.txt)"
+        assert found, f"`{' '.join(argv)}`: {program} not installed (controller extra or .ci/apt-packages/)"
     for arg in argv[1:]:
         if re.match(r"^(ops|roles|docs|templates|service|tests|\.ci)/", arg) and not PLACEHOLDER.search(arg):
             assert (ROOT / arg).exists(), f"`{' '.join(argv)}`: {arg} does not exist"

@@ -55,3 +55,12 @@ def test_every_endpoint_is_documented():
     for path, item in document("0").get("paths").items():
         for op in item.values():
             assert re.search(rf"^## {op['operationId']}$", text, re.M), path
+
+
+def test_ci_timing_says_whether_the_cache_was_cold_and_what_the_run_built():
+    from ops.docs.ci_timing import cache_state, demo
+    cold = {"cache_before": [], "cache_after": ["artifacts", "staging"], "demo_s": 150}
+    assert cache_state(cold) == "**cold** (empty at the start); built during the run: artifacts, staging"
+    warm = {"cache_before": ["staging"], "cache_after": ["staging"], "demo_s": -1}
+    assert cache_state(warm) == "**warm**: held staging at the start"
+    assert (demo(cold), demo(warm), demo({})) == ("2.5 min", "not run", "not recorded")

@@ -255,6 +255,18 @@ def test_ci_run_clears_what_a_developer_exported_and_keeps_the_cache(tmp_path):
     assert json.loads((tmp_path / "cache" / "reports" / "ci-run.json").read_text())["exit"] == 0
 
 
+def test_ci_run_tests_then_runs_the_demo_and_records_the_cache_state(tmp_path):
+    (tmp_path / "cache" / "artifacts" / "synth-tiny").mkdir(parents=True)
+    (tmp_path / "cache" / "staging").mkdir()  # empty: nothing built there
+    done, _ = ci_run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("make ")] == [
+        "make test", "make demo", "make demo-down"]
+    run = json.loads((tmp_path / "cache" / "reports" / "ci-run.json").read_text())
+    assert run["cache_before"] == run["cache_after"] == ["artifacts"], run
+    assert run["exit"] == 0 and run["tests_s"] >= 0 and run["demo_s"] >= 0, run
+
+
 def test_ci_run_refuses_pytest_addopts_it_did_not_set(tmp_path):
     done, made = ci_run(tmp_path, PYTEST_ADDOPTS="-k smoke")
     assert done.returncode == 2, done.stdout + done.stderr
