@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from ops.bench.decode_profile import weights_by_part
 from ops.bench.stats import TOLERANCE, ratio
 from ops.bench.targets import Target, answer_rivals, dig, summary
@@ -79,12 +81,32 @@ def runtime_rows(results: dict) -> list[list[str]]:
     return rows
 
 
-def followups(results: dict) -> list[tuple[str, dict]]:
-    """(engine, follow-up record) for the default engine's server and every other engine measured."""
+def per_engine(results: dict, part: str) -> list[tuple[str, dict]]:
+    """(engine, its ``part`` record: followup, structured) for the default engine's server and every other engine
+    measured."""
     service = results.get("service") or {}
-    found = [(dig(service, "int4", "engine") or "serial", dig(service, "int4", "followup"))]
-    found += [(v["engine"], v.get("followup")) for k, v in service.items() if k.startswith("int4_")]
-    return [(engine, fu) for engine, fu in found if fu]
+    found = [(dig(service, "int4", "engine") or "serial", dig(service, "int4", part))]
+    found += [(v["engine"], v.get(part)) for k, v in service.items() if k.startswith("int4_")]
+    return [(engine, record) for engine, record in found if record]
+
+
+def followups(results: dict) -> list[tuple[str, dict]]:
+    return per_engine(results, "followup")
+
+
+def structured_section(results: dict) -> list[str]:
+    rows = [[engine, num(r["plain"]["ms_per_token"], 1), num(r["constrained"]["ms_per_token"], 1),
+             num(ratio(r["constrained"]["ms_per_token"], r["plain"]["ms_per_token"]), 3, "x"),
+             num(r["plain"]["first_token_s"]), num(r["constrained"]["first_token_s"]),
+             num(statistics.median(x["tokens"] for x in r["constrained"]["samples"]), 0)]
+            for engine, r in per_engine(results, "structured")]
+    if not rows:
+        return []
+    return ["## Structured output (int4)", "", table(
+        ["engine", "plain: ms/token", "json_schema: ms/token", "json_schema / plain", "plain: first token (s)",
+         "json_schema: first token (s)", "json_schema: tokens (median)"], rows),
+        "", "Each run asks about one image twice, plain and with `response_format` `json_schema` (one string "
+        "property): the answer is constrained while it is generated, so the ratio is the grammar's cost per step.", ""]
 
 
 def followup_section(results: dict) -> list[str]:
@@ -291,6 +313,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
             "", "`detail low/high`: the same image sent with image_url.detail (VLFLEET_IMAGE_MAX_SIDE_LOW / _HIGH).",
             ""]
     out += followup_section(results)
+    out += structured_section(results)
     conc = results.get("concurrency")
     if conc:
         rows = []

@@ -42,11 +42,17 @@ from ops.bench.report import render
 from ops.bench.server import Server, model_size
 from service.prompt_limits import VisionGrid
 
-SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "concurrency", "overhead", "peer", "tune",
-            "tune_load")
+SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "structured", "concurrency", "overhead",
+            "peer", "tune", "tune_load")
 EXTRA_SECTIONS = ("levers",)  # only when asked for: A/B of service settings
 FOLLOWUP = "What are the main colors, and where are they?"
 FULL_SIDE = (1200, 800)
+# The structured section's response_format: one string too long to close within max_tokens (random weights would
+# close a plain one after a dozen tokens), so every step pays the grammar's mask and the answers are as long as the
+# plain ones.
+STRUCTURED = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+    "type": "object", "properties": {"answer": {"type": "string", "minLength": 4000}}, "required": ["answer"],
+    "additionalProperties": False}}}
 
 
 @dataclass
@@ -164,6 +170,19 @@ def _followup(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
             "followup_first_token_s": b["first_token_s"], "first": a, "followup": b,
             "embeddings_s": {k: statistics.median(v) for k, v in embeds.items()},
             "vision_encoder_runs": {k: sum(v) for k, v in encodes.items()}}
+
+
+def _structured(url: str, plan: Plan, say: Callable[[str], None]) -> dict:
+    """Plain answers and answers constrained to a JSON schema (``STRUCTURED``), in turn about the same images, so
+    the one difference between the two is the grammar's cost per step (ms/token)."""
+    plain, constrained = [], []
+    for i in range(plan.runs):
+        turn = workload.user_turn(workload.test_image(seed=700 + i))
+        plain.append(workload.chat_stream(url, [turn], plan.tokens).sample)
+        constrained.append(workload.chat_stream(url, [turn], plan.tokens, extra={"response_format": STRUCTURED}).sample)
+        say(f"structured run {i + 1}/{plan.runs}: plain {plain[-1].ms_per_token:.1f} ms/token, "
+            f"json_schema {constrained[-1].ms_per_token:.1f} ms/token ({constrained[-1].tokens} tokens)")
+    return {"runs": plan.runs, "plain": workload.summarize(plain), "constrained": workload.summarize(constrained)}
 
 
 def seen_size(server: Server, width: int, height: int, detail: str | None = None) -> str:
@@ -291,6 +310,10 @@ def followup(b: Bench, s: Server) -> Iterator[dict]:
     yield _int4({"followup": _followup(s.url, b.plan, b.say)})
 
 
+def structured(b: Bench, s: Server) -> Iterator[dict]:
+    yield _int4({"structured": _structured(s.url, b.plan, b.say)})
+
+
 def int4_memory(b: Bench, s: Server) -> Iterator[dict]:
     """Where the int4 service's RSS is after the single answers: anonymous (plugin buffers) vs file-backed (mmap)."""
     peak, memory = s.peak_rss()["worker"], s.memory()
@@ -317,14 +340,16 @@ def images_full_size(b: Bench) -> Iterator[dict]:
 
 
 def other_engine(b: Bench, engine: str) -> Iterator[dict]:
-    """The same int4 artifact on another engine: single answers, then the follow-up and concurrency sections that
-    were asked for."""
+    """The same int4 artifact on another engine: single answers, then the follow-up, structured and concurrency
+    sections that were asked for."""
     key = f"int4_{engine}"
     with b.server("int4", f"int4-{engine}.log", {"VLFLEET_ENGINE": engine}) as s:
         yield {"service": {key: {"engine": engine, "cold_start_s": s.cold_start_s,
                                  "image_416": _answers(s.url, b.plan, 416, 277, 0, b.say, f"int4 {engine} 416x277")}}}
         if "followup" in b.wanted:
             yield {"service": {key: {"followup": _followup(s.url, b.plan, b.say)}}}
+        if "structured" in b.wanted:
+            yield {"service": {key: {"structured": _structured(s.url, b.plan, b.say)}}}
         yield {"service": {key: {"peak_rss_bytes": s.peak_rss()["worker"]}}}
         if "concurrency" in b.wanted:
             yield {"concurrency": {engine: _concurrency(s.url, b.plan, b.say, engine)}}
@@ -387,12 +412,13 @@ def table(engines: tuple[str, ...], default_engine: str) -> tuple[Section, ...]:
         Section("int4", int4, server=True),
         Section("images", images, **on_int4),
         Section("followup", followup, **on_int4),
+        Section("structured", structured, **on_int4),
         Section("int4", int4_memory, **on_int4),
         Section("concurrency", concurrency_default, **on_int4),
         Section("int4", int4_peak_after_concurrency, when=("concurrency",), **on_int4),
         Section("images", images_full_size, requires=("int4",)),
         *(Section(f"engine {engine}", partial(other_engine, engine=engine), requires=("int4",),
-                  when=("followup", "concurrency")) for engine in engines if engine != default_engine),
+                  when=("followup", "structured", "concurrency")) for engine in engines if engine != default_engine),
         Section("overhead", overhead),
         Section("peer", peer),
         Section("tune", tune),

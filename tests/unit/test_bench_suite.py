@@ -66,6 +66,25 @@ def test_every_engine_with_a_follow_up_gets_a_row_and_a_target():
     assert by_id["followup-direct"].measured == 0.1 and by_id["followup-direct"].met is True
 
 
+def test_every_engine_with_structured_answers_gets_a_row_and_a_target():
+    from ops.bench.report import structured_section
+    from ops.bench.targets import evaluate
+
+    def st(plain, constrained):
+        def part(ms, tokens):
+            return {"runs": 2, "ms_per_token": ms, "first_token_s": 1.0,
+                    "samples": [{"tokens": t} for t in tokens]}
+        return {"runs": 2, "plain": part(plain, (128, 128)), "constrained": part(constrained, (128, 40))}
+
+    results = {"service": {"int4": {"engine": "direct", "structured": st(50.0, 54.0)},
+                           "int4_serial": {"engine": "serial", "structured": st(50.0, 60.0)}}}
+    text = "\n".join(structured_section(results))
+    assert "| direct | 50.0 | 54.0 | 1.080x |" in text and "| serial |" in text and "| 84 |" in text, text
+    by_id = {t.id: t for t in evaluate(results)}
+    assert by_id["structured-direct"].measured == 1.08 and by_id["structured-direct"].met is True
+    assert by_id["structured-serial"].measured == 1.2 and by_id["structured-serial"].met is False
+
+
 class FakeServer:
     """Stands in for ops.bench.server.Server: records its start and stop by log name, answers nothing itself."""
 
@@ -105,6 +124,7 @@ def fake_run(monkeypatch, tmp_path):
     monkeypatch.setattr(suite, "_answers", lambda url, plan, w, h, seed, say, label, detail=None: {
         "first_token_s": 1.0, "ms_per_token": 2.0, "runs": plan.runs, "prompt_tokens": 10, "url": url})
     monkeypatch.setattr(suite, "_followup", lambda url, plan, say: {"url": url})
+    monkeypatch.setattr(suite, "_structured", lambda url, plan, say: {"url": url})
     monkeypatch.setattr(suite, "_concurrency", lambda url, plan, say, engine: [{"url": url}])
 
     def run(only: str, failing: tuple[str, ...] = ()) -> dict:
@@ -134,3 +154,10 @@ def test_a_failed_section_skips_what_requires_it_and_the_run_goes_on(fake_run):
     assert results["errors"] == {"int4": "RuntimeError: int4.log would not start"}
     assert "int4" not in results["service"] and results["service"]["int8"]["peak_rss_bytes"] == 7
     assert [e for e in FakeServer.events if e[0] == "start"] == [("start", "int8.log"), ("start", "int4.log")]
+
+
+def test_structured_runs_on_the_shared_int4_service_and_on_each_other_engine(fake_run):
+    results = fake_run("structured")
+    assert results["service"]["int4"]["structured"] == {"url": "http://int4.log"}
+    assert results["service"]["int4_serial"]["structured"] == {"url": "http://int4-serial.log"}
+    assert not results["errors"]
