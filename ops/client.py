@@ -174,10 +174,11 @@ def chat(url: str, body: dict, timeout: float = 600, bound: float | None = None,
         else:
             answer.body = json.loads(resp.read())
             answer.usage = answer.body.get("usage") or {}
-            answer.text = answer.body["choices"][0]["message"]["content"] or ""
+            choice = (answer.body.get("choices") or [{}])[0]
+            answer.text = (choice.get("message") or {}).get("content") or ""
     except ChatError as e:
         answer.error = str(e)
-    except (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException) as e:
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, http.client.HTTPException) as e:
         answer.error = describe(e)
     finally:
         conn.close()
