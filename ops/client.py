@@ -207,7 +207,6 @@ def wait_ready(url: str, timeout: float, interval: float = 0.25,
     """Wait (bounded) for ``url``/readyz to answer 200; the seconds it took. NotReady when ``timeout`` runs out,
     when the engine says it gave up (``failed``), or when ``alive()`` names why the server is gone."""
     started = time.monotonic()
-    last: dict[str, Any] = {}
     while True:
         if alive and (gone := alive()):
             raise NotReady(gone)
