@@ -12,24 +12,21 @@ The checklist (ops/preflight/test_checklist.py) and the fleet report (ops/report
 The first four run with the release venv's python, from the installed service package. `snapshot` and `facts` must
 also work where no release exists yet (they are how the checklist finds the venv), so the controller ships this
 file's source to the distribution's python3, as ops/fleet/ does with ops/fleet/host_agent.py (`argv` builds either
-command line). Hence this module imports only the standard library at the top and keeps to Python 3.10; Pillow is
-imported only by the commands that draw an image, which run in the release venv. Requests go to the service from
-the host itself: the service may bind loopback only.
+command line). Hence this module imports only the standard library at the top and keeps to Python 3.10; Pillow and
+the controller's client of the service (ops/client.py, which the wheel installs too) are imported only by the
+commands that ask the service, which run in the release venv. Requests go to the service from the host itself: the
+service may bind loopback only.
 """
 
 from __future__ import annotations
 
-import base64
 import glob
-import http.client
 import io
 import json
 import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -261,50 +258,9 @@ def runtime_versions() -> dict[str, Any]:
     return out
 
 
-def _json_or_text(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body.decode(errors="replace")[:300]
-
-
 def readyz(url: str) -> dict[str, Any]:
     """GET ``url``: {"status": int|None, "body": JSON or text, "error": str|None}."""
-    try:
-        with urllib.request.urlopen(url, timeout=15) as r:
-            return {"status": r.status, "body": json.loads(r.read() or b"null"), "error": None}
-    except urllib.error.HTTPError as e:
-        return {"status": e.code, "body": _json_or_text(e.read()), "error": None}
-    except Exception as e:  # the error is the answer
-        return {"status": None, "body": None, "error": _describe(e)}
-
-
-class StreamError(RuntimeError):
-    """The SSE answer broke: an error event, or no [DONE] within the bound."""
-
-
-class Events:
-    """The JSON events of an SSE answer, until ``data: [DONE]`` (then ``done``); every wait bounded."""
-
-    def __init__(self, resp, started: float, bound: float, max_lines: int) -> None:
-        self.resp, self.started, self.bound, self.max_lines = resp, started, bound, max_lines
-        self.done = False
-
-    def __iter__(self):
-        for n, raw in enumerate(self.resp):
-            if n > self.max_lines or time.monotonic() - self.started > self.bound:
-                raise StreamError(f"no [DONE] within {self.bound:.0f} s")
-            line = raw.decode(errors="replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                self.done = True
-                return
-            event = json.loads(data)
-            if "error" in event:
-                raise StreamError(json.dumps(event["error"])[:300])
-            yield event
+    return _client().readyz(url)
 
 
 def _image_url(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
@@ -312,12 +268,7 @@ def _image_url(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
 
     buf = io.BytesIO()
     Image.new("RGB", size, colour).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def _messages(url: str, question: str) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": question}]}]
+    return _client().data_url(buf.getvalue())
 
 
 def _first_key(keys_file: str) -> str | None:
@@ -328,29 +279,26 @@ def _first_key(keys_file: str) -> str | None:
     return keys[0] if keys else None
 
 
-def _post(host: str, port: int, body: dict, timeout: float, key: str | None = None):
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if key:
-        headers["Authorization"] = "Bearer " + key
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
-    return conn, conn.getresponse()
+def _client():
+    """ops/client.py, imported here rather than at the top: `snapshot` and `facts` run from this file's source on
+    the system python3, where ops/ is not installed; the commands that ask the service run in the release venv,
+    which has it (the wheel carries ops/ and service/)."""
+    from ops import client
+
+    return client
 
 
-def _delta(event: dict) -> dict:
-    return (event.get("choices") or [{}])[0].get("delta") or {}
+def _chat(host: str, port: int, body: dict, timeout: float, bound: float, key: str | None):
+    url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
+    return _client().chat(url, body, timeout, bound, key)
 
 
-def _read_stream(out: dict[str, Any], events: Events, started: float) -> None:
-    for event in events:
-        delta = _delta(event)
-        if "content" in delta:
-            if out["first_token_s"] is None:
-                out["first_token_s"] = round(time.monotonic() - started, 3)
-            out["chunks"] += 1
-            out["chars"] += len(delta["content"] or "")
-            out["text"] = (out["text"] + (delta["content"] or ""))[:200]
-    out["done"] = events.done
+def _question(image_url: str, text: str) -> list[dict]:
+    return [_client().user_turn(image_url, text)]
+
+
+def _rounded(seconds: float | None, digits: int) -> float | None:
+    return None if seconds is None else round(seconds, digits)
 
 
 def stream(host: str, port: int, model: str, first_token_s: float, total_s: float,
@@ -360,39 +308,13 @@ def stream(host: str, port: int, model: str, first_token_s: float, total_s: floa
                            "total_s": None, "error": None}
     try:
         body = {"model": model, "stream": True, "max_tokens": 8, "temperature": 0,
-                "messages": _messages(_image_url((64, 48), (200, 40, 40)), "What colour is this image?")}
-        started = time.monotonic()
-        _conn, resp = _post(host, port, body, first_token_s, _first_key(keys_file))
-        out["status"] = resp.status
-        if resp.status != 200:
-            out["error"] = resp.read(500).decode(errors="replace")
-        else:
-            try:
-                _read_stream(out, Events(resp, started, total_s, 10000), started)
-            except StreamError as e:
-                out["error"] = str(e)
-        out["total_s"] = round(time.monotonic() - started, 3)
+                "messages": _question(_image_url((64, 48), (200, 40, 40)), "What colour is this image?")}
+        a = _chat(host, port, body, first_token_s, total_s, _first_key(keys_file))
+        out.update(status=a.status, chunks=a.chunks, chars=len(a.text), text=a.text[:200], done=a.done,
+                   first_token_s=_rounded(a.first_token_s, 3), total_s=_rounded(a.total_s, 3), error=a.error)
     except Exception as e:  # the error is the answer
         out["error"] = _describe(e)
     return out
-
-
-def _timed(row: dict[str, Any], events: Events, started: float) -> None:
-    first = last = None
-    try:
-        for event in events:
-            if event.get("usage"):
-                row["tokens"] = event["usage"].get("completion_tokens") or row["tokens"]
-            if _delta(event).get("content"):
-                last = time.monotonic()
-                first = first or last
-    except StreamError as e:
-        row["error"] = str(e)
-    row["total_s"] = round(time.monotonic() - started, 4)
-    if first is not None:
-        row["first_token_s"] = round(first - started, 4)
-        if row["tokens"] > 1:
-            row["ms_per_token"] = round(1000 * (last - first) / (row["tokens"] - 1), 2)
 
 
 def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: int,
@@ -402,18 +324,16 @@ def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: i
     # a nonce in each prompt: the service replays identical deterministic requests from its answer cache
     body = {"stream": True, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
             "stream_options": {"include_usage": True},
-            "messages": _messages(url, f"Describe this picture. (probe {i} {time.time():.6f})")}
+            "messages": _question(url, f"Describe this picture. (probe {i} {time.time():.6f})")}
     try:
-        started = time.monotonic()
-        conn, resp = _post(host, port, body, bound, key)
-        row["status"] = resp.status
-        if resp.status != 200:
-            row["error"] = f"HTTP {resp.status}: {resp.read(300).decode(errors='replace')}"
-        else:
-            _timed(row, Events(resp, started, bound, 100000), started)
-        conn.close()
+        a = _chat(host, port, body, bound, bound, key)
     except Exception as e:  # one run's error is its row
         row["error"] = _describe(e)
+        return row
+    row.update(status=a.status, tokens=a.tokens or 0, total_s=_rounded(a.total_s, 4), error=a.error,
+               first_token_s=_rounded(a.first_token_s, 4))
+    if a.first_token_s is not None and row["tokens"] > 1:
+        row["ms_per_token"] = round(1000 * (a.last_token_s - a.first_token_s) / (row["tokens"] - 1), 2)
     return row
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ops import client
 from ops.bench.memory import children, memory_status, peak_rss_bytes, tree_peak_rss_bytes
 from ops.process import die_with_parent, kill_session, terminate
 
@@ -51,24 +52,14 @@ def start_service(model: Path, port: int, log: Path, env: dict[str, str] | None 
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900, log: Path | None = None) -> None:
-    import requests
+    """Wait (bounded) for the started service's /readyz 200 (client.NotReady, a RuntimeError, when it will not)."""
+    def exited() -> str | None:
+        if proc.poll() is None:
+            return None
+        tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+        return f"service exited (code {proc.returncode}) before becoming ready\n{tail}"
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
-            raise RuntimeError(f"service exited (code {proc.returncode}) before becoming ready\n{tail}")
-        try:
-            r = requests.get(url + "/readyz", timeout=2)
-            if r.status_code == 200:
-                return
-            body = r.json()
-        except (requests.RequestException, ValueError):
-            body = {}
-        if isinstance(body, dict) and body.get("failed") is True:  # the engine gave up: it will not turn ready
-            raise RuntimeError(f"service will not become ready: {body.get('reason')}")
-        time.sleep(0.25)
-    raise TimeoutError(f"service not ready after {timeout}s")
+    client.wait_ready(url, timeout, alive=exited)
 
 
 class Server:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import io
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from PIL import Image
+
+from ops import client
 
 PROMPT = "Describe this image in detail."
 
@@ -24,10 +24,6 @@ def test_image(width: int = 416, height: int = 277, seed: int = 0) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels, "RGB").save(buf, "PNG")
     return buf.getvalue()
-
-
-def data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 @dataclass
@@ -86,8 +82,7 @@ def in_process(pipe, png: bytes, tokens: int, prompt: str = PROMPT) -> Sample:
 
 
 def user_turn(png: bytes, prompt: str = PROMPT, detail: str | None = None) -> dict:
-    image = {"url": data_url(png)} | ({"detail": detail} if detail else {})
-    return {"role": "user", "content": [{"type": "image_url", "image_url": image}, {"type": "text", "text": prompt}]}
+    return client.user_turn(client.data_url(png), prompt, detail)
 
 
 @dataclass
@@ -101,56 +96,20 @@ class Answer:
     server_timings: dict = field(default_factory=dict)  # llama-server's own ``timings`` (its last chunk's)
 
 
-def server_timings(chunk: dict) -> dict:
-    """llama-server's ``timings`` of a stream chunk (prompt_n, prompt_ms, predicted_n, predicted_per_token_ms, ...),
-    numbers only; {} for a chunk without them (the vlfleet service sends none)."""
-    timings = chunk.get("timings")
-    if not isinstance(timings, dict):
-        return {}
-    return {k: v for k, v in timings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
 def chat_stream(url: str, messages: list[dict], tokens: int, timeout: float = 600,
                 extra: dict | None = None) -> Answer:
-    """POST /v1/chat/completions with stream: true and a fixed output length, timed at the client.
+    """POST /v1/chat/completions with stream: true and a fixed output length, timed at the client (ops/client.py:
+    first token = first content delta, end = the finish_reason); RuntimeError when it gave no whole answer.
 
     ``extra`` adds body fields a particular server needs to do the same work (llama-server: ``cache_prompt``,
     ``temperature``; see ops/bench/llama_server.py); the timing and parsing are the same for every server."""
-    import requests
-
     body = {"messages": messages, "max_tokens": tokens, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}, **(extra or {})}
-    started = time.perf_counter()
-    first = ended = None
-    usage = 0
-    prompt_tokens: int | None = None
-    timings: dict = {}
-    pieces: list[str] = []
-    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=timeout) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-        headers = dict(r.headers)
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"stream error: {chunk['error']}")
-            if chunk.get("usage"):
-                usage = chunk["usage"]["completion_tokens"]
-                prompt_tokens = chunk["usage"].get("prompt_tokens", prompt_tokens)
-            timings = server_timings(chunk) or timings
-            for choice in chunk["choices"]:
-                content = choice["delta"].get("content")
-                if content:
-                    pieces.append(content)
-                    if first is None:
-                        first = time.perf_counter()
-                if choice["finish_reason"]:
-                    ended = time.perf_counter()
-    if first is None or ended is None:
-        raise RuntimeError("stream ended without tokens")
-    return Answer(Sample(first - started, ended - started, usage), "".join(pieces), headers, prompt_tokens, timings)
+    a = client.chat(url, body, timeout).check()
+    if a.finish_s is None:
+        raise client.ChatError("stream ended without a finish_reason")
+    sample = Sample(a.first_token_s, a.finish_s, a.tokens or 0)
+    return Answer(sample, a.text, a.headers, a.usage.get("prompt_tokens"), a.timings)
 
 
 def over_http(url: str, png: bytes, tokens: int, prompt: str = PROMPT, timeout: float = 600,

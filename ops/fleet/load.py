@@ -7,12 +7,12 @@ Used by the rollout e2e tests and by `vlfleet staging.scale`: every request made
 
 from __future__ import annotations
 
-import http.client
-import json
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+
+from ops import client
 
 CLIENTS = 2
 MAX_REQUESTS = 5000  # per load run, whatever happens
@@ -43,38 +43,19 @@ class Load:
         # A different prompt each time: the service replays identical deterministic requests from its answer cache.
         body = {"messages": [{"role": "user", "content": f"Say something about fleet number {n}."}], "max_tokens": 8,
                 "ignore_eos": True, "stream": stream}
-        started = time.monotonic()
-        rec: dict = {"stream": stream, "ok": False}
-        # A fresh connection per request, like a browser tab: no client keepalive racing nginx's worker reload.
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
-        try:
-            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            rec["status"] = resp.status
-            if not stream:
-                data = json.loads(resp.read())
-                rec["ok"] = resp.status == 200 and data["usage"]["completion_tokens"] == 8
-                rec["first_token_s"] = time.monotonic() - started  # whole answer: the first token is in it
-            else:
-                tokens, done = 0, False
-                for raw in resp:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: "):
-                        continue
-                    if line == "data: [DONE]":
-                        done = True
-                        break
-                    delta = json.loads(line[6:])["choices"][0]["delta"] if '"choices"' in line else {}
-                    if delta.get("content"):
-                        tokens += 1
-                        rec.setdefault("first_token_s", time.monotonic() - started)
-                rec["ok"] = resp.status == 200 and done and tokens >= 1
-            rec["upstream"] = resp.getheader("X-Request-Id", "")
-        except (OSError, ValueError, KeyError, http.client.HTTPException) as e:
-            rec["error"] = f"{type(e).__name__}: {e}"
-        finally:
-            conn.close()
-        rec["seconds"] = time.monotonic() - started
+        a = client.chat(f"http://{self.host}:{self.port}", body, timeout=120)
+        rec: dict = {"stream": stream, "ok": a.status == 200 and a.error is None, "seconds": a.total_s}
+        if a.status is not None:
+            rec.update(status=a.status, upstream=a.headers.get("X-Request-Id", ""))
+        if a.error:
+            rec["error"] = a.error
+        elif stream:
+            rec["ok"] = rec["ok"] and a.done and a.chunks >= 1
+            if a.first_token_s is not None:
+                rec["first_token_s"] = a.first_token_s
+        else:
+            rec["ok"] = rec["ok"] and a.tokens == 8
+            rec["first_token_s"] = a.total_s  # whole answer: the first token is in it
         return rec
 
     def _loop(self, index: int) -> None:

@@ -6,12 +6,12 @@ streamed through the fleet's load balancer to this terminal. Every step says wha
 
 from __future__ import annotations
 
-import json
 import time
 
 from invoke import Exit, task
 
-from ops.bench.workload import data_url, test_image
+from ops import client
+from ops.bench.workload import test_image
 
 STEPS = 6
 
@@ -23,30 +23,16 @@ def _step(n: int, text: str) -> float:
 
 def _stream_answer(url: str, question: str, timeout: float = 300) -> tuple[str, float]:
     """POST one streamed chat through ``url``; print tokens as they arrive; return the text and first-token time."""
-    import requests
-
-    body = {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(test_image())}}, {"type": "text", "text": question}]}],
-        # Sampled with a seed: greedy decoding of random weights tends to repeat one token (often a newline).
-        "max_tokens": 48, "stream": True, "temperature": 0.8, "seed": 7}
-    started = time.monotonic()
-    first, text = None, ""
-    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=timeout) as r:
-        if r.status_code != 200:
-            raise Exit(f"demo: the load balancer answered HTTP {r.status_code}: {r.text[:300]}")
-        for line in r.iter_lines():
-            if not line.startswith(b"data: {"):
-                continue
-            for choice in json.loads(line[6:]).get("choices", []):
-                piece = choice["delta"].get("content") or ""
-                if piece:
-                    first = first or time.monotonic() - started
-                    text += piece
-                    print(piece, end="", flush=True)
+    body = {"messages": [client.user_turn(client.data_url(test_image()), question)],
+            # Sampled with a seed: greedy decoding of random weights tends to repeat one token (often a newline).
+            "max_tokens": 48, "stream": True, "temperature": 0.8, "seed": 7}
+    answer = client.chat(url, body, timeout, on_text=lambda piece: print(piece, end="", flush=True))
     print()
-    if first is None:
-        raise Exit("demo: the stream ended without an answer")
-    return text, first
+    try:
+        answer.check()
+    except client.ChatError as e:  # "HTTP 502: ...", the stream's error, or the connection's
+        raise Exit(f"demo: no answer through the load balancer: {e}") from None
+    return answer.text, answer.first_token_s
 
 
 def _staging_waivers() -> list[str]:

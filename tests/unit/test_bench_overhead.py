@@ -49,17 +49,17 @@ def test_overhead_result_needs_both_metrics_within_either_way():
 
 def test_in_process_side_asks_what_the_http_side_sends(monkeypatch):
     """The in-process side's Sampling comes from the same body workload.over_http posts: same generation config."""
-    import requests
+    from ops import client
 
     sent: list[dict] = []
 
-    def fake_post(url, json, **kwargs):
-        sent.append(json)
-        raise ConnectionError("not sending")
+    def fake_chat(url, body, *args, **kwargs):
+        sent.append(body)
+        return client.Answer(error="not sending")
 
-    monkeypatch.setattr(requests, "post", fake_post)
+    monkeypatch.setattr(client, "chat", fake_chat)
     png = workload.test_image(32, 24, seed=3)
-    with pytest.raises(ConnectionError):
+    with pytest.raises(client.ChatError, match="not sending"):
         workload.over_http("http://127.0.0.1:9", png, 17)
     assert sent == [request_body(png, 17)]
 

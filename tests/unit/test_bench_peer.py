@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ops import client
 from ops.bench import llama_server, workload
 from ops.bench.suite import PeerInputs, Plan, measure_peer
 from ops.llamacpp.gguf import GgufParams, gguf_manifest
@@ -96,10 +97,10 @@ def test_an_ir_artifact_is_not_taken_for_a_gguf_one(tmp_path):
 
 
 def test_server_timings_keep_numbers_only():
-    assert workload.server_timings({"timings": {"prompt_ms": 12.5, "prompt_n": 7, "cache": True, "s": "x"}}) == {
+    assert client.server_timings({"timings": {"prompt_ms": 12.5, "prompt_n": 7, "cache": True, "s": "x"}}) == {
         "prompt_ms": 12.5, "prompt_n": 7}
-    assert workload.server_timings({"choices": []}) == {}
-    assert workload.server_timings({"timings": None}) == {}
+    assert client.server_timings({"choices": []}) == {}
+    assert client.server_timings({"timings": None}) == {}
 
 
 def test_timing_medians_need_every_answer_to_report_the_key():

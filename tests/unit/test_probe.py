@@ -1,7 +1,6 @@
 """service.probe run as the controller runs it on a host: `snapshot` and `facts` by a bare system python3 given the
 module's source (no service package, no Pillow), against a release tree in a temporary directory and this machine's
-own /proc; the SSE reader against a loopback server that answers what a broken service would.
-tests/integration/test_probe.py runs the venv commands against the real service."""
+own /proc. tests/integration/test_probe.py runs the venv commands against the real service."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -101,66 +98,3 @@ def test_a_wrong_command_line_is_a_usage_error(args):
     done = subprocess.run([sys.executable, "-m", "service.probe", *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert probe.parse(done.stdout)["error"].startswith("usage: python -m service.probe")
-
-
-# -- the SSE reader against answers a broken service gives ----------------------------------------------------------
-
-ANSWERS = {
-    "/error": [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', b'data: {"error": {"message": "boom"}}\n\n'],
-    "/no-done": [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n'] * 3,
-    "/done": [b": keep-alive\n\n", b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n', b"data: [DONE]\n\n"],
-}
-
-
-class _SSE(BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        for chunk in ANSWERS[self.path]:
-            self.wfile.write(chunk)
-            self.wfile.flush()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def sse_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SSE)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    thread.join(5)
-
-
-def _events(port: int, path: str, bound: float = 30, max_lines: int = 1000) -> tuple[list[dict], probe.Events]:
-    import http.client
-    import time
-
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request("POST", path, "{}", {"Content-Type": "application/json"})
-    events = probe.Events(conn.getresponse(), time.monotonic(), bound, max_lines)
-    return list(events), events
-
-
-def test_events_end_at_done(sse_server):
-    got, events = _events(sse_server, "/done")
-    assert events.done and got == [{"choices": [{"delta": {"content": "hi"}}]}]
-
-
-def test_an_error_event_breaks_the_stream(sse_server):
-    with pytest.raises(probe.StreamError, match="boom"):
-        _events(sse_server, "/error")
-
-
-def test_a_stream_past_its_bound_breaks(sse_server):
-    with pytest.raises(probe.StreamError, match=r"no \[DONE\] within"):
-        _events(sse_server, "/no-done", max_lines=2)
-
-
-def test_a_stream_that_ends_without_done_is_not_done(sse_server):
-    got, events = _events(sse_server, "/no-done")
-    assert len(got) == 3 and not events.done
