@@ -158,6 +158,7 @@ def test_json_toggle_renders_the_parsed_answer_that_follows_the_schema(browser, 
     parsed = json.loads(raw)
     assert json.loads(shown) == parsed and "\n  " in shown  # pretty-printed
     jsonschema.validate(parsed, schema)
+    page.screenshot(path=str(tmp_path / "webui-json.png"), full_page=True)
     page.close()
 
 
