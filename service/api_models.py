@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Json, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from service.api_types import Shape, Text, integer, leave_out, matching, only, prompt, refuse, str_or_list
@@ -205,6 +205,9 @@ class ChatForm(Shape):
     max_tokens: Count | SkipJsonSchema[None] = leave_out("capped at the server's VLFLEET_MAX_TOKENS (its default)")
     detail: Literal["auto", "low", "high"] | SkipJsonSchema[None] = leave_out(
         "the image's token budget, as image_url.detail of /v1/chat/completions (default auto)")
+    response_format: Json[ResponseFormat] | SkipJsonSchema[None] = leave_out(
+        "the JSON text of /v1/chat/completions' response_format (json_object or json_schema): the answer is "
+        "constrained to it while it is generated")
 
     @model_validator(mode="after")
     def _image_or_session(self) -> ChatForm:

@@ -7,7 +7,7 @@ import time
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from service import openai_request, routing, sse
-from service.engine import Done, Event, Failed, Token, constraining_engines
+from service.engine import Done, Event, Failed, Token
 from service.errors import APIError
 from service.streaming import JobStream, sse_body
 
@@ -30,11 +30,7 @@ def chat_completions():
     settings = state.settings
     parsed = openai_request.parse(json_body(), settings.model_name, settings.max_tokens, settings.max_images,
                                   state.load_image)
-    if parsed.sampling.response_format is not None and not state.engine.constrains_output:
-        raise APIError(f"'response_format' ({parsed.sampling.response_format.kind}) is not supported by this "
-                       f"host's engine ({settings.engine}): it cannot constrain the answer, and does not ignore the "
-                       f"request; the engines that do: {', '.join(constraining_engines())} (VLFLEET_ENGINE)",
-                       param="response_format", code="unsupported_parameter")
+    openai_request.require_constraining(parsed.sampling.response_format, state.engine, settings.engine)
     job = state.engine.submit(parsed.conversation, parsed.sampling, g.request_id, routing.max_wait(request.headers))
     stream = JobStream(job, settings.queue_timeout, state.metrics, started_at=g.started_at)
     headers = stream.wait_started()

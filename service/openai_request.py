@@ -14,8 +14,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.api_models import ChatCompletionRequest, JSONObjectFormat, JSONSchemaFormat, images, text
+from service.api_models import ChatCompletionRequest, ChatForm, JSONObjectFormat, JSONSchemaFormat, images, text
 from service.conversation import Conversation, ResponseFormat, Sampling, Turn
+from service.engine import constraining_engines
 from service.errors import APIError
 from service.images import PreparedImage
 from service.request_errors import api_error
@@ -67,7 +68,7 @@ def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,
     return ChatRequest(Conversation(turns), sampling, request.stream, include_usage, model_name)
 
 
-def response_format(request: ChatCompletionRequest) -> ResponseFormat | None:
+def response_format(request: ChatCompletionRequest | ChatForm) -> ResponseFormat | None:
     """The request's response_format as the engines take it: None for text (or none), else its kind and, for
     json_schema, the schema as canonical JSON (the same schema always makes the same answer-cache key)."""
     match request.response_format:
@@ -77,6 +78,15 @@ def response_format(request: ChatCompletionRequest) -> ResponseFormat | None:
             # the client's key order: it is the order the answer's properties come out in
             return ResponseFormat("json_schema", json.dumps(spec.schema_, separators=(",", ":")))
     return None
+
+
+def require_constraining(fmt: ResponseFormat | None, engine: Any, engine_name: str) -> None:
+    """A response_format this host's engine cannot enforce is refused (400), not ignored."""
+    if fmt is not None and not engine.constrains_output:
+        raise APIError(f"'response_format' ({fmt.kind}) is not supported by this host's engine ({engine_name}): it "
+                       f"cannot constrain the answer, and does not ignore the request; the engines that do: "
+                       f"{', '.join(constraining_engines())} (VLFLEET_ENGINE)",
+                       param="response_format", code="unsupported_parameter")
 
 
 def validate(body: Any) -> ChatCompletionRequest:

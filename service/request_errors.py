@@ -35,6 +35,7 @@ PHRASES = {
     "literal_error": ("invalid_value", "must be {expected}, got {input!r}"),
     "union_tag_invalid": ("invalid_value", "must be one of {expected_tags}, got {tag!r}"),
     "union_tag_not_found": ("invalid_value", "is required"),
+    "json_invalid": ("invalid_json", "is not valid JSON: {error}"),  # a form field holding JSON (Json[...])
 }
 # Fields whose shape errors (missing, not a list, empty) read better as one sentence.
 SHAPES = {"messages": ("invalid_type", "must be a non-empty list of {role, content} objects")}
@@ -83,7 +84,8 @@ def path(error: dict, body: Any) -> str:
         last = i == len(loc) - 1
         if isinstance(key, int) and isinstance(node, list) and key < len(node):
             out, node = f"{out}[{key}]", node[key]
-        elif isinstance(key, str) and isinstance(node, dict) and (key in node or last):
+        elif isinstance(key, str) and isinstance(node, dict) and (key in node or (last and "[" not in key)):
+            # (a key with '[' is pydantic's name of a wrapper, json[...] for a form field holding JSON, no field)
             out, node = f"{out}.{key}" if out else key, node.get(key)
     if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         out += "." + error["ctx"]["discriminator"].strip("'")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from flask import Blueprint, Response, current_app, g, request, send_from_directory
 from pydantic import ValidationError
 
-from service import routing, sse
+from service import openai_request, routing, sse
 from service.api_models import ChatForm
 from service.conversation import Conversation, Sampling, Turn
 from service.engine import Done, Event, Failed, Started, Token
@@ -28,11 +30,13 @@ def chat():
     settings = state.settings
     if request.mimetype != "multipart/form-data":
         raise APIError("POST /chat takes multipart/form-data with fields image (file), question and optional "
-                       "session", 415, code="unsupported_media_type")
+                       "session, detail, max_tokens, response_format", 415, code="unsupported_media_type")
     form = _form(settings.max_image_bytes)
     limits = state.image_limits[form.detail or "auto"]
     images = (prepare(form.image, limits, "image"),) if form.image is not None else ()
-    sampling = Sampling(max_tokens=min(form.max_tokens or settings.max_tokens, settings.max_tokens))
+    sampling = Sampling(max_tokens=min(form.max_tokens or settings.max_tokens, settings.max_tokens),
+                        response_format=openai_request.response_format(form))
+    openai_request.require_constraining(sampling.response_format, state.engine, settings.engine)
     question, session = form.question.strip(), form.session
     conversation = Conversation((Turn("user", question, images),), session=session, by_session=True)
     job = state.engine.submit(conversation, sampling, g.request_id, routing.max_wait(request.headers))
@@ -67,7 +71,16 @@ def _form(max_image_bytes: int) -> ChatForm:
     try:
         return ChatForm.model_validate(fields)
     except ValidationError as e:
-        raise api_error(e, fields) from None
+        raise api_error(e, _as_parsed(fields)) from None
+
+
+def _as_parsed(fields: dict) -> dict:
+    """``fields`` with response_format's JSON parsed, so an error inside it is named by its path there
+    (response_format.json_schema.name), as on /v1/chat/completions."""
+    try:
+        return {**fields, "response_format": json.loads(fields["response_format"])}
+    except (KeyError, TypeError, ValueError):
+        return fields
 
 
 def _timings(done: Done, stream: JobStream) -> dict:

@@ -167,6 +167,26 @@ def test_chat_endpoint_rejects_bad_forms(service):
     assert got == 400 and body["error"]["code"] == "missing_image"
 
 
+def _multipart(boundary: str, **fields: str) -> bytes:
+    parts = [f"--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n" for k, v in fields.items()]
+    return ("".join(parts) + f"--{boundary}--\r\n").encode()
+
+
+@pytest.mark.parametrize(("response_format", "param", "code"), [
+    ("{not json", "response_format", "invalid_json"),
+    ('{"type": "xml"}', "response_format.type", "invalid_value"),
+    ('{"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}', "response_format.json_schema.name",
+     "invalid_value"),
+    ('{"type": "json_schema"}', "response_format.json_schema", "invalid_type"),
+])
+def test_chat_endpoint_names_a_bad_response_format(service, response_format, param, code):
+    boundary = "XyZ"
+    form = _multipart(boundary, question="hello", session="abc", response_format=response_format)
+    got, body = post(service, "/chat", form, f"multipart/form-data; boundary={boundary}")
+    assert got == 400, body
+    assert (body["error"]["param"], body["error"]["code"]) == (param, code), body
+
+
 def test_service_still_ready_after_abuse(service):
     status, ready = servers.get(service.url + "/readyz")
     assert status == 200 and ready["ready"] is True

@@ -182,6 +182,10 @@ def form_error(fields: dict) -> tuple[str | None, str | None, str]:
                                                               "'max_tokens' must be an integer")),
     ({"question": "Hi", "image": b"png", "model": "x"}, ("unknown_parameter", "model", "unknown field(s): model; "
                                                          "see /openapi.json for the fields accepted")),
+    ({"question": "Hi", "image": b"png", "response_format": '{"type": "json_object"}'}, (None, None, "accepted")),
+    ({"question": "Hi", "image": b"png", "response_format": "{type"},
+     ("invalid_json", "response_format", "'response_format' is not valid JSON: key must be a string at line 1 "
+                                         "column 2")),
 ])
 def test_chat_form(fields, expected):
     assert form_error(fields) == expected
