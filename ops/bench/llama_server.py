@@ -96,7 +96,32 @@ class LlamaServer:
 
 
 class SmokeError(RuntimeError):
-    """llama-server did not load the model or answer one token; the message says how (the signal it died of)."""
+    """llama-server did not load the model or answer one token; the message says how (the signal it died of).
+    ``stage``: "start" (not an executable), "loading" or "answering"; ``exit``: how it ended ("SIGSEGV", "exit code
+    1"), None while it still runs (a load that ran out of time, a failed answer from a live server)."""
+
+    def __init__(self, message: str, stage: str, exit: str | None = None):
+        super().__init__(message)
+        self.stage, self.exit = stage, exit
+
+    def as_dict(self) -> dict:
+        """The failed smoke as bench.json and tune record it."""
+        return {"ok": False, "stage": self.stage, "exit": self.exit, "error": str(self)[:2000]}
+
+    def headline(self) -> str:
+        """One line for a report: "llama-server crashed while loading: <the message>" when it died of a signal."""
+        return headline(self.as_dict())
+
+
+def headline(smoke: dict) -> str:
+    """How a smoke's result (``smoke()``'s, or ``SmokeError.as_dict``'s) reads in a report."""
+    if smoke.get("ok"):
+        return "llama-server passed its smoke (load and one token)"
+    died = (smoke.get("exit") or "").startswith("SIG")
+    what = {"loading": "crashed while loading" if died else "did not load",
+            "answering": "crashed answering one token" if died else "failed to answer one token",
+            }.get(smoke.get("stage"), "did not start")
+    return f"llama-server {what}: {smoke.get('error', '?')}"
 
 
 def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, timeout: float = 300,
@@ -112,9 +137,10 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
     try:
         server.__enter__()
     except RuntimeError as e:  # ChildError: died while loading (named), or did not load in time
-        raise SmokeError(str(e)) from None
+        code = getattr(e, "exit_code", None)
+        raise SmokeError(str(e), "loading", None if code is None else describe_exit(code)) from None
     except OSError as e:  # not an executable
-        raise SmokeError(f"cannot start {binary}: {e}") from None
+        raise SmokeError(f"cannot start {binary}: {e}", "start") from None
     try:
         try:
             a = answer(server.url, workload.test_image(width, height, seed=999), 1, timeout)
@@ -124,12 +150,13 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.proc.wait(timeout=2)  # a connection broken by a dying server: let it finish dying
             if child.alive():
-                raise SmokeError(f"llama-server loaded but its one-token answer failed: {type(e).__name__}: {e}") \
-                    from None
-            raise SmokeError(f"llama-server died answering one token ({describe_exit(child.exit_code())}): "
-                             f"{child.last_lines()}") from None
+                raise SmokeError(f"llama-server loaded but its one-token answer failed: {type(e).__name__}: {e}",
+                                 "answering") from None
+            code = describe_exit(child.exit_code())
+            raise SmokeError(f"llama-server died answering one token ({code}): {child.last_lines()}", "answering",
+                             code) from None
         if a.sample.tokens != 1:
-            raise SmokeError(f"llama-server answered {a.sample.tokens} tokens, asked for 1 (ignore_eos)")
+            raise SmokeError(f"llama-server answered {a.sample.tokens} tokens, asked for 1 (ignore_eos)", "answering")
         return {"ok": True, "load_s": round(server.cold_start_s, 3), "first_token_s": round(a.sample.first_token_s, 3),
                 "prompt_tokens": a.prompt_tokens, "threads": server.n_threads, **kernels(log)}
     finally:
