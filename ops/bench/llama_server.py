@@ -164,18 +164,23 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
 
 
 _BACKEND = re.compile(r"loaded CPU backend from (\S+)")
-_BUFFER = re.compile(r"load_tensors:\s+(\S+) model buffer size")
+_BUFFER = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+_TYPE = re.compile(r"llama_model_loader: - type\s+(\S+):\s+(\d+) tensors")
 
 
 def kernels(log: Path) -> dict:
     """What llama-server's verbose log (``-lv 4``) says about its CPU kernels: the backend library a portable build
-    loaded (``cpu_backend``, e.g. libggml-cpu-zen4.so; absent for a native build) and the model's buffer types
-    (``buffers``: CPU_REPACK for the repacked Q4_0 kernels, AMX for ggml's AMX ones)."""
+    loaded (``cpu_backend``, e.g. libggml-cpu-zen4.so; absent for a native build), the model's buffer types
+    (``buffers``: CPU_REPACK for the repacked Q4_0 kernels, AMX for ggml's AMX ones) with their sizes
+    (``buffer_mib``), and the language model's tensor types with their counts (``types``: what llama-quantize made,
+    which picks the kernels as much as the buffers do)."""
     try:
         text = Path(log).read_text(errors="replace")
     except OSError:
         return {}
-    found: dict = {"buffers": list(dict.fromkeys(_BUFFER.findall(text)))}
+    sizes = {name: float(mib) for name, mib in _BUFFER.findall(text)}
+    found: dict = {"buffers": list(sizes), "buffer_mib": sizes,
+                   "types": {name: int(n) for name, n in _TYPE.findall(text)}}
     if m := _BACKEND.search(text):
         found["cpu_backend"] = Path(m.group(1)).name
     return found

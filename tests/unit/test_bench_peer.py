@@ -171,7 +171,11 @@ def test_the_smoke_loads_and_answers_one_token(tmp_path, fake_binary):
     log.write_text("0.00.008 I load_backend: loaded CPU backend from /b/bin/libggml-cpu-zen4.so\n"
                    "load_tensors:   CPU_Mapped model buffer size =   993.15 MiB\n"
                    "load_tensors:   CPU_REPACK model buffer size =   756.00 MiB\n")
-    assert llama_server.kernels(log) == {"buffers": ["CPU_Mapped", "CPU_REPACK"], "cpu_backend": "libggml-cpu-zen4.so"}
+    assert llama_server.kernels(log) == {"buffers": ["CPU_Mapped", "CPU_REPACK"], "cpu_backend": "libggml-cpu-zen4.so",
+                                         "buffer_mib": {"CPU_Mapped": 993.15, "CPU_REPACK": 756.0}, "types": {}}
+    with log.open("a") as f:
+        f.write("llama_model_loader: - type  f32:  113 tensors\nllama_model_loader: - type q4_0:  196 tensors\n")
+    assert llama_server.kernels(log)["types"] == {"f32": 113, "q4_0": 196}
     assert llama_server.kernels(tmp_path / "none.log") == {}
     assert body["messages"] == [workload.user_turn(workload.test_image(416, 277, seed=999))]
 
