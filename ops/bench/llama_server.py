@@ -8,8 +8,10 @@ body fields make llama-server do the same work as the service: ``cache_prompt: f
 request's KV cache) and ``temperature: 0`` (greedy, the service's default; llama-server's own default samples).
 
 ``smoke`` is the check that a llama-server build runs a model shape at all: load it and answer one token about the
-bench's image. The tiny test model never reaches some of llama.cpp's kernels (its matmuls are too small: the AMX
-ones that crash on a Xeon with AMX, issue 30), so the check runs on the shape the fleet serves (2b).
+bench's image. Which CPU kernel a matrix takes depends on its type and sizes (ggml-cpu/repack.cpp, amx/), so the
+bench and ``vlfleet llamacpp.check`` run it on the shape the fleet serves (2b), and the suite on the "kernels" shape
+that meets the same conditions (tests/integration/test_llamacpp_kernels.py); the AMX kernels crashed on a Xeon with
+AMX (issue 30).
 """
 
 from __future__ import annotations

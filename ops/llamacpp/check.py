@@ -1,7 +1,7 @@
 """`vlfleet llamacpp.check`: does a llama-server build run the model shape the fleet serves, and how fast.
 
-The suite's llamacpp tests run the tiny model, whose matmuls never reach some of llama.cpp's kernels (ggml's AMX
-matmul, which killed the native build with SIGSEGV or SIGILL on a Xeon with AMX, issue 30). This check runs the
+Which of llama.cpp's CPU kernels a matrix takes depends on its type and sizes (ggml's AMX matmul, which killed the
+native build with SIGSEGV or SIGILL on a Xeon with AMX, issue 30; the repacked Q4_0 ones). This check runs the
 shape the fleet serves (2b, the synthetic checkpoint of the real model's size) as GGUF (Q4_0 + mmproj q8_0,
 ``ops.llamacpp.gguf.cached``):
 
