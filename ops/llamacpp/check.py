@@ -156,8 +156,10 @@ def render(data: dict) -> str:
         lines.append(f"**Smoke: passed.** Loaded in {smoke['load_s']:.2f} s; one token about the 416x277 image "
                      f"({smoke['prompt_tokens']} prompt tokens) after {smoke['first_token_s']:.2f} s.")
         if smoke.get("buffers") or smoke.get("cpu_backend"):
+            types = ", ".join(f"{n} {t}" for t, n in (smoke.get("types") or {}).items())
             lines.append(f"Kernels (its log): model buffers {', '.join(smoke.get('buffers') or ['?'])}"
-                         + (f"; CPU backend {smoke['cpu_backend']}" if smoke.get("cpu_backend") else "") + ".")
+                         + (f"; CPU backend {smoke['cpu_backend']}" if smoke.get("cpu_backend") else "")
+                         + (f"; tensors {types}" if types else "") + ".")
     else:
         lines.append(f"**Smoke: FAILED.** {smoke['error'][:600]}")
     if data["configs"]:
