@@ -8,8 +8,10 @@ body fields make llama-server do the same work as the service: ``cache_prompt: f
 request's KV cache) and ``temperature: 0`` (greedy, the service's default; llama-server's own default samples).
 
 ``smoke`` is the check that a llama-server build runs a model shape at all: load it and answer one token about the
-bench's image. The tiny test model never reaches some of llama.cpp's kernels (its matmuls are too small: the AMX
-ones that crash on a Xeon with AMX, issue 30), so the check runs on the shape the fleet serves (2b).
+bench's image. Which CPU kernel a matrix takes depends on its type and sizes (ggml-cpu/repack.cpp, amx/), so the
+bench and ``vlfleet llamacpp.check`` run it on the shape the fleet serves (2b), and the suite on the "kernels" shape
+that meets the same conditions (tests/integration/test_llamacpp_kernels.py); the AMX kernels crashed on a Xeon with
+AMX (issue 30).
 """
 
 from __future__ import annotations
@@ -96,7 +98,32 @@ class LlamaServer:
 
 
 class SmokeError(RuntimeError):
-    """llama-server did not load the model or answer one token; the message says how (the signal it died of)."""
+    """llama-server did not load the model or answer one token; the message says how (the signal it died of).
+    ``stage``: "start" (not an executable), "loading" or "answering"; ``exit``: how it ended ("SIGSEGV", "exit code
+    1"), None while it still runs (a load that ran out of time, a failed answer from a live server)."""
+
+    def __init__(self, message: str, stage: str, exit: str | None = None):
+        super().__init__(message)
+        self.stage, self.exit = stage, exit
+
+    def as_dict(self) -> dict:
+        """The failed smoke as bench.json and tune record it."""
+        return {"ok": False, "stage": self.stage, "exit": self.exit, "error": str(self)[:2000]}
+
+    def headline(self) -> str:
+        """One line for a report: "llama-server crashed while loading: <the message>" when it died of a signal."""
+        return headline(self.as_dict())
+
+
+def headline(smoke: dict) -> str:
+    """How a smoke's result (``smoke()``'s, or ``SmokeError.as_dict``'s) reads in a report."""
+    if smoke.get("ok"):
+        return "llama-server passed its smoke (load and one token)"
+    died = (smoke.get("exit") or "").startswith("SIG")
+    what = {"loading": "crashed while loading" if died else "did not load",
+            "answering": "crashed answering one token" if died else "failed to answer one token",
+            }.get(smoke.get("stage"), "did not start")
+    return f"llama-server {what}: {smoke.get('error', '?')}"
 
 
 def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, timeout: float = 300,
@@ -112,9 +139,10 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
     try:
         server.__enter__()
     except RuntimeError as e:  # ChildError: died while loading (named), or did not load in time
-        raise SmokeError(str(e)) from None
+        code = getattr(e, "exit_code", None)
+        raise SmokeError(str(e), "loading", None if code is None else describe_exit(code)) from None
     except OSError as e:  # not an executable
-        raise SmokeError(f"cannot start {binary}: {e}") from None
+        raise SmokeError(f"cannot start {binary}: {e}", "start") from None
     try:
         try:
             a = answer(server.url, workload.test_image(width, height, seed=999), 1, timeout)
@@ -124,12 +152,13 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.proc.wait(timeout=2)  # a connection broken by a dying server: let it finish dying
             if child.alive():
-                raise SmokeError(f"llama-server loaded but its one-token answer failed: {type(e).__name__}: {e}") \
-                    from None
-            raise SmokeError(f"llama-server died answering one token ({describe_exit(child.exit_code())}): "
-                             f"{child.last_lines()}") from None
+                raise SmokeError(f"llama-server loaded but its one-token answer failed: {type(e).__name__}: {e}",
+                                 "answering") from None
+            code = describe_exit(child.exit_code())
+            raise SmokeError(f"llama-server died answering one token ({code}): {child.last_lines()}", "answering",
+                             code) from None
         if a.sample.tokens != 1:
-            raise SmokeError(f"llama-server answered {a.sample.tokens} tokens, asked for 1 (ignore_eos)")
+            raise SmokeError(f"llama-server answered {a.sample.tokens} tokens, asked for 1 (ignore_eos)", "answering")
         return {"ok": True, "load_s": round(server.cold_start_s, 3), "first_token_s": round(a.sample.first_token_s, 3),
                 "prompt_tokens": a.prompt_tokens, "threads": server.n_threads, **kernels(log)}
     finally:
@@ -137,18 +166,23 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
 
 
 _BACKEND = re.compile(r"loaded CPU backend from (\S+)")
-_BUFFER = re.compile(r"load_tensors:\s+(\S+) model buffer size")
+_BUFFER = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+_TYPE = re.compile(r"llama_model_loader: - type\s+(\S+):\s+(\d+) tensors")
 
 
 def kernels(log: Path) -> dict:
     """What llama-server's verbose log (``-lv 4``) says about its CPU kernels: the backend library a portable build
-    loaded (``cpu_backend``, e.g. libggml-cpu-zen4.so; absent for a native build) and the model's buffer types
-    (``buffers``: CPU_REPACK for the repacked Q4_0 kernels, AMX for ggml's AMX ones)."""
+    loaded (``cpu_backend``, e.g. libggml-cpu-zen4.so; absent for a native build), the model's buffer types
+    (``buffers``: CPU_REPACK for the repacked Q4_0 kernels, AMX for ggml's AMX ones) with their sizes
+    (``buffer_mib``), and the language model's tensor types with their counts (``types``: what llama-quantize made,
+    which picks the kernels as much as the buffers do)."""
     try:
         text = Path(log).read_text(errors="replace")
     except OSError:
         return {}
-    found: dict = {"buffers": list(dict.fromkeys(_BUFFER.findall(text)))}
+    sizes = {name: float(mib) for name, mib in _BUFFER.findall(text)}
+    found: dict = {"buffers": list(sizes), "buffer_mib": sizes,
+                   "types": {name: int(n) for name, n in _TYPE.findall(text)}}
     if m := _BACKEND.search(text):
         found["cpu_backend"] = Path(m.group(1)).name
     return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from ops.bench.decode_profile import weights_by_part
+from ops.bench.llama_server import headline
 from ops.bench.stats import TOLERANCE, ratio
 from ops.bench.targets import Target, answer_rivals, dig, summary
 
@@ -142,6 +143,12 @@ def peer_section(results: dict) -> list[str]:
     peer = results.get("peer")
     if not peer:
         return []
+    smoke = peer.get("smoke") or {}
+    if smoke and not smoke.get("ok"):
+        return ["## Peer: llama.cpp llama-server (this run)", "",
+                f"**{headline(smoke)}**", "",
+                "Not measured: its smoke (load the 2b-shape GGUF, answer one token) failed. `vlfleet llamacpp.check` "
+                "runs it alone; docs/engines.md says what to build instead.", ""]
     summ = peer.get("image_416", {})
     build = peer.get("build") or {}
     art = peer.get("artifact") or {}

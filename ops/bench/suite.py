@@ -365,10 +365,17 @@ def overhead(b: Bench) -> Iterator[dict]:
 
 
 def peer(b: Bench) -> Iterator[dict]:
+    """llama-server's smoke (load and one token), then its measurements: a build that crashes on the 2b shape is
+    recorded with how it died (bench.json's peer.smoke, the report's peer section), not a traceback or a hang."""
     if b.peer_inputs is None:
         raise RuntimeError("this run was given no llama-server to measure (peer_inputs)")
     b.say("llama-server: llama.cpp build and 2b GGUF artifact (cached; the first build takes 10-20 min)")
-    yield {"peer": measure_peer(b.peer_inputs(), b.plan, b.say)}
+    inputs = b.peer_inputs()
+    smoke = peer_smoke(inputs, b.plan.log_dir, b.say)
+    if not smoke["ok"]:
+        yield {"peer": {**peer_entry(inputs), "smoke": smoke}}
+        raise RuntimeError(llama_server.headline(smoke))
+    yield {"peer": {**measure_peer(inputs, b.plan, b.say), "smoke": smoke}}
 
 
 def tune(b: Bench) -> Iterator[dict]:
@@ -518,21 +525,44 @@ def _finish(results: dict, plan: Plan, say: Progress) -> dict:
     return results
 
 
-def measure_peer(inputs: PeerInputs, plan: Plan, say: Callable[[str], None]) -> dict:
-    """llama-server on the GGUF artifact, measured like the service's int4 runs: the same 416x277 images (seeds),
-    prompt, token count, runs and client; with its build, artifact and the machine it ran on."""
+def peer_entry(inputs: PeerInputs) -> dict:
+    """What the peer is: its build, artifact and the machine it runs on."""
     from ops.machine import describe
     from service.manifest import read_manifest
 
     manifest = read_manifest(inputs.artifact)
-    entry: dict = {"engine": "llama-server", "machine": describe(),
-                   "build": {k: inputs.build.get(k) for k in ("version", "flags", "cpu", "build_s", "compiler")},
-                   "artifact": {"path": str(inputs.artifact), "artifact_id": manifest["artifact_id"],
-                                "weight_format": manifest["weight_format"],
-                                "sizes": {name: e["size"] for name, e in manifest["files"].items()}}}
+    return {"engine": "llama-server", "machine": describe(),
+            "build": {k: inputs.build.get(k) for k in ("version", "flags", "cpu", "build_s", "compiler")},
+            "artifact": {"path": str(inputs.artifact), "artifact_id": manifest["artifact_id"],
+                         "weight_format": manifest["weight_format"],
+                         "sizes": {name: e["size"] for name, e in manifest["files"].items()}}}
+
+
+_SMOKES: dict[tuple[str, str], dict] = {}  # one smoke per llama-server and artifact in a run (peer, tune, tune_load)
+
+
+def peer_smoke(inputs: PeerInputs, log_dir: Path, say: Callable[[str], None]) -> dict:
+    """``llama_server.smoke`` of the peer's build on its artifact, once per run: its result, or the failure's
+    (SmokeError.as_dict: stage, how it died, the message)."""
+    key = (str(inputs.server), str(inputs.artifact))
+    if key not in _SMOKES:
+        try:
+            _SMOKES[key] = llama_server.smoke(inputs.server, inputs.artifact, log_dir / "llama-server-smoke.log")
+            say(f"llama-server smoke: loaded in {_SMOKES[key]['load_s']:.1f}s, one token after "
+                f"{_SMOKES[key]['first_token_s']:.2f}s (buffers {', '.join(_SMOKES[key].get('buffers') or ['?'])})")
+        except llama_server.SmokeError as e:
+            _SMOKES[key] = e.as_dict()
+            say(f"llama-server smoke FAILED: {e.headline()}")
+    return _SMOKES[key]
+
+
+def measure_peer(inputs: PeerInputs, plan: Plan, say: Callable[[str], None]) -> dict:
+    """llama-server on the GGUF artifact, measured like the service's int4 runs: the same 416x277 images (seeds),
+    prompt, token count, runs and client; with its build, artifact and the machine it ran on."""
+    entry = peer_entry(inputs)
     with llama_server.LlamaServer(inputs.server, inputs.artifact, plan.log_dir / "llama-server.log") as s:
         say(f"llama-server ready after {s.cold_start_s:.1f}s ({s.n_threads} threads, artifact "
-            f"{manifest['artifact_id']})")
+            f"{entry['artifact']['artifact_id']})")
         entry.update(cold_start_s=s.cold_start_s, threads=s.n_threads,
                      command=[Path(a).name if i == 0 else a for i, a in enumerate(s.command)])
         entry["image_416"] = llama_server.measure(s, plan.runs, plan.tokens, 416, 277, 0, say)
@@ -562,6 +592,9 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
             peer = peer_inputs()
         except Exception as e:  # the other engines are still measured; llamacpp is skipped with the reason
             peer_error = f"llama-server or the GGUF artifact could not be built: {type(e).__name__}: {e}"[:300]
+    crashed = None  # measured only when its runtime runs the 2b shape; else a failed candidate, with how it died
+    if peer is not None and not (smoke := peer_smoke(peer, plan.log_dir, say))["ok"]:
+        crashed = tune.Candidate("llamacpp", tune.FAILED, reason=llama_server.headline(smoke)[:500])
     info = {"llama_server": {"path": str(peer.server), "exists": peer.server.is_file(), "model_dir": str(peer.artifact),
                              "model_exists": is_gguf_artifact(peer.artifact)} if peer else {}}
     limit, limit_source = tune.budget({})
@@ -572,6 +605,10 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
         if skip:
             skipped[engine] = skip
             say(f"tune: {engine} skipped: {skip}")
+            continue
+        if engine == "llamacpp" and crashed is not None:
+            candidates.append(crashed)
+            say(f"tune: llamacpp failed: {crashed.reason}")
             continue
         model, env = artifact("int4"), {"VLFLEET_ENGINE": engine}
         if engine == "llamacpp":

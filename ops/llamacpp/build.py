@@ -8,16 +8,16 @@ of one key wait on a lock. The compiler runs under ``nice`` with a bounded job c
 progress is printed.
 
 No build uses ggml's AMX kernels: on a Xeon with AMX (amx_tile/amx_int8) the bench's native build (-O3) dies with
-SIGSEGV in ``ggml_backend_amx_mul_mat`` while llama-server loads the 2b-shape Q4_0 model (issue 30; the tiny test
-model never reaches that kernel, and the -O1 test build of the same flags loaded and answered on that machine: the
-crash is not a property of the flags alone, so no build is trusted with them). ``-march=native`` turns them on
-there, so a native build for such a CPU is ``GGML_NATIVE=OFF`` with the CPU's own ISA options instead (AVX2, FMA,
-F16C, AVX-512 with VBMI/VNNI/BF16, AVX-VNNI: whatever it has), AMX off; the repacked Q4_0 kernels (CPU_REPACK,
+SIGSEGV in ``ggml_backend_amx_mul_mat`` while llama-server loads the 2b-shape Q4_0 model (issue 30; later SIGILL, on
+the tiny and "kernels" GGUFs too, while the -O1 test build of the same flags loaded and answered all three on that
+machine: the crash is not a property of the flags alone, so no build is trusted with them). ``-march=native`` turns
+them on there, so a native build for such a CPU is ``GGML_NATIVE=OFF`` with the CPU's own ISA options instead (AVX2,
+FMA, F16C, AVX-512 with VBMI/VNNI/BF16, AVX-VNNI: whatever it has), AMX off; the repacked Q4_0 kernels (CPU_REPACK,
 ``q4_0_8x8``) stay, which ``--no-repack`` would lose with the AMX ones. A CPU without AMX keeps ``GGML_NATIVE=ON``.
-A portable build compiles every x86 variant ggml lists, among them one with AMX (``sapphirerapids``) that its
-loader would pick on such a host (ggml-cpu/arch/x86/cpu-feats.cpp scores AMX_INT8 highest); that variant's library
-is removed after the build (EXCLUDED_FEATURES), so an AMX host loads the best variant without it (``zen4``:
-AVX-512 VBMI/VNNI/BF16).
+A portable build compiles every x86 variant ggml lists, among them one with AMX (``sapphirerapids``) that its loader
+would pick on such a host (ggml-cpu/arch/x86/cpu-feats.cpp scores AMX_INT8 highest); that variant's library is
+removed after the build (EXCLUDED_FEATURES), so an AMX host loads the best variant without it (``zen4``: AVX-512
+VBMI/VNNI/BF16).
 """
 
 from __future__ import annotations

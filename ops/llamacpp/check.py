@@ -1,7 +1,7 @@
 """`vlfleet llamacpp.check`: does a llama-server build run the model shape the fleet serves, and how fast.
 
-The suite's llamacpp tests run the tiny model, whose matmuls never reach some of llama.cpp's kernels (ggml's AMX
-matmul, which killed the native build with SIGSEGV or SIGILL on a Xeon with AMX, issue 30). This check runs the
+Which of llama.cpp's CPU kernels a matrix takes depends on its type and sizes (ggml's AMX matmul, which killed the
+native build with SIGSEGV or SIGILL on a Xeon with AMX, issue 30; the repacked Q4_0 ones). This check runs the
 shape the fleet serves (2b, the synthetic checkpoint of the real model's size) as GGUF (Q4_0 + mmproj q8_0,
 ``ops.llamacpp.gguf.cached``):
 
@@ -156,8 +156,10 @@ def render(data: dict) -> str:
         lines.append(f"**Smoke: passed.** Loaded in {smoke['load_s']:.2f} s; one token about the 416x277 image "
                      f"({smoke['prompt_tokens']} prompt tokens) after {smoke['first_token_s']:.2f} s.")
         if smoke.get("buffers") or smoke.get("cpu_backend"):
+            types = ", ".join(f"{n} {t}" for t, n in (smoke.get("types") or {}).items())
             lines.append(f"Kernels (its log): model buffers {', '.join(smoke.get('buffers') or ['?'])}"
-                         + (f"; CPU backend {smoke['cpu_backend']}" if smoke.get("cpu_backend") else "") + ".")
+                         + (f"; CPU backend {smoke['cpu_backend']}" if smoke.get("cpu_backend") else "")
+                         + (f"; tensors {types}" if types else "") + ".")
     else:
         lines.append(f"**Smoke: FAILED.** {smoke['error'][:600]}")
     if data["configs"]:

@@ -80,6 +80,12 @@ SHAPES = {
         "2b", 151643, 151936, 2048, 28, 16, 8, 128, 6144, (24, 20, 20), 24, 1024, 4096, 16, (5, 11, 17),
         "bfloat16",
     ),
+    # The smallest shape whose llama.cpp load takes the 2b shape's CPU kernel paths (tests/integration/
+    # test_llamacpp_kernels.py): every Q4_0 matrix repacked (rows in multiples of 8, ggml-cpu/repack.cpp), and a
+    # hidden size that is a multiple of 256 so the tied embedding/output matrix is Q6_K as in 2b (llama-quantize falls
+    # back to Q8_0 for tiny's 64); 2b's head sizes (text 128, vision 64) and bf16, so conversion and attention match.
+    "kernels": Shape("kernels", 3000, 3072, 256, 4, 2, 1, 128, 768, (24, 20, 20), 4, 128, 256, 2, (1, 2, 3),
+                     "bfloat16"),
 }
 
 

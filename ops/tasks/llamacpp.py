@@ -66,7 +66,7 @@ def wheel(c, portable=False, out=None):
     "portable": "check the portable build (every CPU variant, picked at run time) instead of the native one",
     "binary": "check this llama-server instead of a cached build (e.g. an older build, or a wheel's)",
     "shape": "the synthetic checkpoint's shape, converted to GGUF Q4_0 + mmproj q8_0 (default 2b: what the fleet "
-             "serves; tiny never reaches some kernels)",
+             "serves; kernels: 4 MB with 2b's kernel conditions, for a quick check)",
     "runs": "answers timed per configuration, as built and with --no-repack (default 3; 0: the smoke alone)",
     "tokens": "new tokens per timed answer (default 128)",
     "out": "directory for check.json and check.md (default $VLFLEET_CACHE/reports/llamacpp-check); llama-server's "

@@ -36,7 +36,8 @@ def _params(weight_format, group_size, ratio, sym):
 
 
 @task(help={
-    "shape": "tiny (seconds to convert and run; for tests) or 2b (the real Qwen3-VL-2B shape; for benchmarks)",
+    "shape": "tiny (seconds to convert and run; for tests), kernels (small, but llama.cpp takes 2b's CPU kernels on "
+             "it) or 2b (the real Qwen3-VL-2B shape; for benchmarks)",
     "out": "directory to write the Hugging Face checkpoint into (must be empty or absent)",
     "seed": "random seed for weights and filler vocabulary (default 0)",
 })

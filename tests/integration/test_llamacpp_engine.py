@@ -191,3 +191,38 @@ def test_a_killed_llama_server_makes_the_service_unready_until_restarted(client,
     assert service.metric("vlfleet_engine_restarts_total") == 1
     answer = client.chat.completions.create(model=MODEL, messages=[image_message("Still there?")], max_tokens=4)
     assert answer.usage.completion_tokens >= 1
+
+
+def test_a_llama_server_that_dies_while_loading_fails_the_service_and_tune_at_once(tiny_gguf, tmp_path,
+                                                                                   monkeypatch):
+    """VLFLEET_LLAMACPP_SERVER names a llama-server that dies of SIGSEGV while loading (as the AMX build did on the
+    2b shape, issue 30): /readyz says ``failed`` with the signal long before the engine's start timeout (600 s), and
+    both waits that tune uses stop there with that reason (the host agent's, whose candidate is then failed with it;
+    the bench's): within their 90 s they would otherwise end as "not ready", and fail the test."""
+    from ops.bench.server import Server
+    from ops.fleet import host_agent
+
+    crashing = tmp_path / "llama-server"
+    crashing.write_text("#!/bin/sh\necho 'load_tensors: AMX model buffer size = 999.43 MiB'\nkill -SEGV $$\n")
+    crashing.chmod(0o755)
+    env = {"VLFLEET_ENGINE": "llamacpp", "VLFLEET_LLAMACPP_SERVER": str(crashing),
+           "VLFLEET_LLAMACPP_START_TIMEOUT": "600"}
+    server = servers.start(tiny_gguf, tmp_path, wait=False, **env)
+    try:
+        # a host's systemd reads, as they are while the unit runs (this machine has no such unit)
+        monkeypatch.setattr(host_agent, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
+        monkeypatch.setattr(host_agent, "journal_tail", lambda unit, since: [])
+        started = time.monotonic()
+        out = host_agent.wait_ready(("127.0.0.1", server.port), "vlfleet", lambda body: True, timeout=90,
+                                    since=None, restarts=0, poll=0.25)
+        assert time.monotonic() - started < 60, out
+        assert out["ok"] is False and "died while loading (SIGSEGV" in out["reason"], out
+        assert "load_tensors: AMX model buffer" in out["reason"]
+        status, body = servers.get(server.url + "/readyz")
+        assert status == 503 and body["failed"] is True
+    finally:
+        server.stop()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"will not become ready: .*died while loading \(SIGSEGV"):
+        Server(tiny_gguf, tmp_path / "bench-tune.log", env, ready_timeout=90).__enter__()
+    assert time.monotonic() - started < 60

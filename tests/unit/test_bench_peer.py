@@ -172,7 +172,11 @@ def test_the_smoke_loads_and_answers_one_token(tmp_path, fake_binary):
     log.write_text("0.00.008 I load_backend: loaded CPU backend from /b/bin/libggml-cpu-zen4.so\n"
                    "load_tensors:   CPU_Mapped model buffer size =   993.15 MiB\n"
                    "load_tensors:   CPU_REPACK model buffer size =   756.00 MiB\n")
-    assert llama_server.kernels(log) == {"buffers": ["CPU_Mapped", "CPU_REPACK"], "cpu_backend": "libggml-cpu-zen4.so"}
+    assert llama_server.kernels(log) == {"buffers": ["CPU_Mapped", "CPU_REPACK"], "cpu_backend": "libggml-cpu-zen4.so",
+                                         "buffer_mib": {"CPU_Mapped": 993.15, "CPU_REPACK": 756.0}, "types": {}}
+    with log.open("a") as f:
+        f.write("llama_model_loader: - type  f32:  113 tensors\nllama_model_loader: - type q4_0:  196 tensors\n")
+    assert llama_server.kernels(log)["types"] == {"f32": 113, "q4_0": 196}
     assert llama_server.kernels(tmp_path / "none.log") == {}
     assert body["messages"] == [workload.user_turn(workload.test_image(416, 277, seed=999))]
 
@@ -257,3 +261,79 @@ def test_the_check_asks_each_llama_server_in_turn_about_the_same_images(tmp_path
     assert [b["max_tokens"] for b in bodies] == [8, 8, 4, 4, 4, 4]  # both warm-ups, then the runs in turn
     images = [b["messages"][0]["content"][0]["image_url"]["url"] for b in bodies[2:]]
     assert images[0] == images[1] != images[2] == images[3]
+
+
+def dying_at_load(tmp_path: Path) -> Path:
+    """A llama-server that dies of SIGSEGV while loading, as the AMX build did on the 2b shape (issue 30); it counts
+    its starts."""
+    binary = tmp_path / "crashing-llama-server"
+    binary.write_text(f"#!/bin/sh\necho x >> {tmp_path / 'starts'}\n"
+                      "echo 'load_tensors: AMX model buffer size = 999.43 MiB'\nkill -SEGV $$\n")
+    binary.chmod(0o755)
+    return binary
+
+
+def dying_answering(tmp_path: Path) -> Path:
+    """The stand-in server, killed by SIGSEGV when the first request comes."""
+    binary = tmp_path / "dying-llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + FAKE_SERVER.replace(
+        "        body = json.loads(", "        import os, signal; os.kill(os.getpid(), signal.SIGSEGV)\n"
+                                    "        body = json.loads("))
+    binary.chmod(0o755)
+    return binary
+
+
+def bench_with_peer(tmp_path: Path, binary: Path, sections: tuple[str, ...]) -> dict:
+    """`vlfleet bench --only <sections>` with ``binary`` as its llama-server; the int4 artifact and the checkpoint
+    cannot be built here, so any section that needs them fails on its own."""
+    from ops.bench import suite
+
+    def unavailable(*_):
+        raise FileNotFoundError("no 2b artifact in this test")
+
+    art = gguf_artifact(tmp_path / "art")
+    plan = Plan(sections=sections, runs=1, tokens=4, out=tmp_path / "results", log_dir=tmp_path / "logs")
+    suite._SMOKES.clear()
+    return suite.run(plan, unavailable, unavailable, lambda: PeerInputs(binary, art, {"version": "0.3.36"}))
+
+
+def test_the_peer_section_records_a_crash_while_loading_and_the_run_goes_on(tmp_path):
+    results = bench_with_peer(tmp_path, dying_at_load(tmp_path), ("peer", "tune"))
+    smoke = results["peer"]["smoke"]
+    assert (smoke["ok"], smoke["stage"], smoke["exit"]) == (False, "loading", "SIGSEGV")
+    assert "load_tensors: AMX model buffer" in smoke["error"] and "image_416" not in results["peer"]
+    assert results["peer"]["artifact"]["weight_format"]["language_model"] == "Q4_0"
+    assert results["errors"]["peer"].startswith(
+        "RuntimeError: llama-server crashed while loading: llama-server died while loading (SIGSEGV")
+    assert "tune" in results["errors"]  # the next section ran (and failed on its own: no int4 artifact here)
+    assert (tmp_path / "starts").read_text().count("x") == 1  # tune reused the peer's smoke
+    saved = json.loads((tmp_path / "results" / "bench.json").read_text())
+    assert saved["peer"]["smoke"] == smoke
+    md = (tmp_path / "results" / "bench.md").read_text()
+    assert "**llama-server crashed while loading: llama-server died while loading (SIGSEGV" in md
+    assert "Traceback" not in md
+
+
+def test_the_peer_section_records_a_crash_answering_its_first_token(tmp_path):
+    results = bench_with_peer(tmp_path, dying_answering(tmp_path), ("peer",))
+    smoke = results["peer"]["smoke"]
+    assert (smoke["ok"], smoke["stage"], smoke["exit"]) == (False, "answering", "SIGSEGV")
+    md = (tmp_path / "results" / "bench.md").read_text()
+    assert "**llama-server crashed answering one token: llama-server died answering one token (SIGSEGV)" in md
+
+
+def test_the_peer_section_measures_a_server_that_passed_its_smoke(tmp_path, fake_binary):
+    results = bench_with_peer(tmp_path, fake_binary, ("peer",))
+    assert results["errors"] == {} and results["peer"]["smoke"]["ok"] is True
+    assert results["peer"]["image_416"]["runs"] == 1
+    bodies = [json.loads(line) for line in Path(f"{fake_binary}.bodies").read_text().splitlines()]
+    assert [b["max_tokens"] for b in bodies] == [1, 8, 4]  # the smoke's token, the warm-up, the run
+
+
+def test_a_smoke_failure_reads_as_how_llama_server_died():
+    err = llama_server.SmokeError("llama-server died while loading (SIGILL): x", "loading", "SIGILL")
+    assert err.headline() == "llama-server crashed while loading: llama-server died while loading (SIGILL): x"
+    slow = llama_server.SmokeError("llama-server did not become ready within 600 s", "loading")
+    assert slow.headline().startswith("llama-server did not load: ")
+    assert llama_server.headline({"ok": False, "stage": "start", "error": "cannot start"}) == (
+        "llama-server did not start: cannot start")
