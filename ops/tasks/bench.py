@@ -37,7 +37,8 @@ def _peer():
 
 
 @task(default=True, help={
-    "only": "comma-separated subset: machine, baselines, int8, int4, images, followup, concurrency, overhead, "
+    "only": "comma-separated subset: machine, baselines, int8, int4, images, followup, structured (answers "
+            "constrained to a JSON schema beside plain ones), concurrency, overhead, "
             "peer (llama-server on the same checkpoint as GGUF, built on first use), tune (the engine `vlfleet tune` "
             "picks on this machine, by its own code), tune_load (its pick with 4 clients asking at once), levers "
             "(A/B, off by default), "
