@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 from openai import BadRequestError, OpenAI
 
 from service.logprobs import TOP_MAX
@@ -31,7 +32,7 @@ TOP = {"direct": 5, "batching": 0, "llamacpp": 5}  # the top_logprobs each engin
 # language model must too (the CPU plugin's defaults: bf16 where the CPU has it, a u8 KV cache, int8 activations).
 EXACT = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 ENV = {"VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_PRECISION": "f32", "VLFLEET_KV_PRECISION": "f32",
-       "VLFLEET_DQ_GROUP_SIZE": "0"}
+       "VLFLEET_DQ_GROUP_SIZE": "0", "VLFLEET_MAX_TOKENS": "4096"}
 
 
 def start_engine(name: str, request, tmp_path_factory) -> servers.Server:
@@ -105,6 +106,35 @@ def test_logprobs_of_a_whole_and_a_streamed_answer(engine):
     assert [e.logprob for e in s_entries] == pytest.approx([e.logprob for e in entries], abs=1e-3)
     if name != "llamacpp":  # each chunk carries the tokens of its delta (llama-server chunks its own way)
         assert all(joined(es) == t for t, es in chunks if es)
+
+
+ENTRY, TOP_ENTRY = {"token", "logprob", "bytes", "top_logprobs"}, {"token", "logprob", "bytes"}
+
+
+def test_the_raw_json_has_openais_shape(engine):
+    """The wire format itself, as a client without the SDK reads it: whole and streamed."""
+    name, server, _ = engine
+    if name == "serial":
+        pytest.skip("refused")
+    body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 6, "logprobs": True,
+            "top_logprobs": TOP[name]}
+    status, out = chat(server, body)
+    assert status == 200, out
+    content = out["choices"][0]["logprobs"]["content"]
+    assert content and all(set(e) == ENTRY and all(set(t) == TOP_ENTRY for t in e["top_logprobs"]) for e in content)
+    assert all(isinstance(e["token"], str) and all(0 <= b < 256 for b in e["bytes"]) for e in content)
+    with requests.post(server.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
+                       timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+                  if line.startswith("data: {")]
+    streamed_entries = []
+    for chunk in chunks:
+        (choice,) = chunk["choices"]
+        if choice["delta"].get("content"):  # a chunk with text carries its tokens' logprobs
+            assert set(choice["logprobs"]) >= {"content"}
+        streamed_entries += (choice.get("logprobs") or {}).get("content") or []
+    assert all(set(e) == ENTRY for e in streamed_entries)
+    assert [e["bytes"] for e in streamed_entries] == [e["bytes"] for e in content]
 
 
 def test_logprobs_are_left_out_unless_asked(engine):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import requests
 from openai import OpenAI
 
 from tests.integration.test_bad_input import chat
@@ -94,3 +95,30 @@ def test_bad_n_is_a_400_naming_it(engine):
     for n in (0, 9, -1, 1.5, "2"):
         status, body = chat(server, {"messages": MESSAGES, "max_tokens": 2, "n": n})
         assert (status, body["error"]["param"]) == (400, "n"), (n, body)
+
+
+def test_a_client_that_goes_away_cancels_every_choice(engine):
+    """Choice 0 is cancelled mid-answer; the choices not read yet never run to their end (queued ones never run)."""
+    name, server, _ = engine
+    rid = uuid.uuid4().hex[:16]
+    body = {"messages": MESSAGES, "max_tokens": 4000, "ignore_eos": True, "n": 3, "stream": True}
+    with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60,
+                       headers={"X-Request-Id": rid}) as r:
+        for i, _line in enumerate(r.iter_lines()):
+            if i >= 6:
+                break
+    (first,) = server.wait_inference_lines(rid, timeout=60)
+    assert first[0]["finish_reason"] == "cancelled"
+    # One at a time, choices 1 and 2 were queued: had they not been dropped, they would run (4000 tokens each, their
+    # log lines "length") before this request. The batching engine was running them beside choice 0: they end now.
+    after = create(client_of(server), max_tokens=2)
+    assert after.choices[0].message.content is not None
+    others = [f"{rid}.{c}" for c in (1, 2)]
+    if name == "batching":
+        server.wait_inference_lines(*others, timeout=30)
+    lines = [line for other in others for line in server.inference_lines(other)]
+    assert all(line["finish_reason"] == "cancelled" for line in lines), lines
+
+
+def client_of(server) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
