@@ -64,13 +64,18 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def from_logits(logits: np.ndarray, token: int, top: int, token_bytes: TokenBytes) -> dict:
-    """The entry of ``token`` drawn from ``logits`` (a log-softmax in float64), with the ``top`` most likely."""
-    z = logits.astype(np.float64)
-    z -= z.max()
-    logp = z - np.log(np.exp(z).sum())
-    best = np.argpartition(-logp, top)[:top] if 0 < top < len(logp) else np.arange(len(logp) if top else 0)
-    best = best[np.argsort(-logp[best], kind="stable")]
-    return entry(token_bytes(token), logp[token], [(token_bytes(i), logp[i]) for i in best])
+    """The entry of ``token`` drawn from ``logits`` (a log-softmax), with the ``top`` most likely.
+
+    Only the normaliser is computed over the whole vocabulary (float32 exponentials summed in float64), and the top
+    tokens are found on the logits themselves (the same order). On 151936 logits (the 2b model's vocabulary) a
+    float64 log-softmax of all of them cost 2.9 ms a token (3.8 ms with 5 top tokens), this 1.4 ms (2.6 ms), measured
+    on a shared 2-core machine."""
+    high = float(logits.max())
+    lse = high + float(np.log(np.exp(logits - np.float32(high)).sum(dtype=np.float64)))
+    best = np.argpartition(-logits, top)[:top] if 0 < top < len(logits) else np.arange(len(logits) if top else 0)
+    best = best[np.argsort(-logits[best], kind="stable")]
+    return entry(token_bytes(token), float(logits[token]) - lse,
+                 [(token_bytes(i), float(logits[i]) - lse) for i in best])
 
 
 def from_llama(content: list[dict] | None) -> list[dict]:
