@@ -241,3 +241,20 @@ def test_direct_logprobs_are_the_log_softmax_of_the_language_model(engine, tiny_
         assert [ids[bytes(t.bytes)] for t in e.top_logprobs] == best.tolist(), f"step {step}"
         assert [t.logprob for t in e.top_logprobs] == pytest.approx(logp[best].tolist(), abs=1e-3)
         sequence.append(chosen)
+
+
+def test_constrained_answers_give_the_logprobs_of_the_masked_distribution(engine):
+    """With a response_format the tokens the grammar forbids have no probability: the entries renormalise over the
+    allowed ones (direct), and the tokens are still the answer."""
+    name, _, client = engine
+    if name not in ("direct", "llamacpp"):
+        pytest.skip("top_logprobs: direct and llamacpp")
+    text, entries, _ = whole(client, logprobs=True, top_logprobs=5, max_tokens=40, temperature=1.0, seed=5,
+                             response_format={"type": "json_object"})
+    tokens = joined(entries)
+    if name == "llamacpp":  # llama-server trims the whitespace a JSON answer starts with from its content, not its
+        text = tokens[:len(tokens) - len(tokens.lstrip())] + text  # tokens (measured: tokens ' {}', content '{}')
+    assert tokens == text
+    check_distribution(entries, 5, greedy=False)
+    if name == "direct" and text.endswith("}"):
+        json.loads(text)
