@@ -35,8 +35,9 @@ class CachedAnswer:
 
 
 def cache_key(conversation: Conversation, sampling: Sampling, model_id: str) -> str | None:
-    """None when the answer may legitimately differ next time (sampling without a seed)."""
-    if not sampling.deterministic:
+    """None when the answer may legitimately differ next time (sampling without a seed), and for answers with
+    logprobs: a cached answer keeps its text only, and its replay must not lack them."""
+    if not sampling.deterministic or sampling.logprobs:
         return None
     turns = [[t.role, t.text, [img.digest for img in t.images]] for t in conversation.turns]
     fmt = sampling.response_format

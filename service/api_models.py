@@ -119,6 +119,7 @@ Messages = Annotated[list[Annotated[AnyMessage, Field(discriminator="role")]],
 Count = integer(ge=1, le=2**31)
 NonEmpty = Annotated[str, Field(min_length=1)]
 Penalty = only(float, 0, "is not supported; leave it out or set 0")
+MAX_CHOICES = 8  # n: each choice is a generation of its own (service.choices), so a request asks for a few at most
 
 
 class StreamOptions(Shape):
@@ -154,11 +155,13 @@ ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Fie
 def _stream_options_need_stream(schema: dict) -> None:
     schema["if"] = {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]}
     schema["then"] = {"properties": {"stream": {"const": True}}, "required": ["stream"]}
+    schema["dependentSchemas"] = {"top_logprobs": {"properties": {"logprobs": {"const": True}},
+                                                   "required": ["logprobs"]}}
 
 
 class ChatCompletionRequest(Shape):
     """POST /v1/chat/completions. OpenAI fields that would change the answer and are not implemented (tools,
-    logprobs, ...) are refused by name, not ignored."""
+    logit_bias, ...) are refused by name, not ignored."""
 
     model_config = ConfigDict(json_schema_extra=_stream_options_need_stream)
 
@@ -173,7 +176,13 @@ class ChatCompletionRequest(Shape):
     seed: integer(ge=0, le=2**63 - 1) | None = Field(None, description="sampled answers repeat")
     stop: str_or_list(NonEmpty, NonEmpty, "must be a non-empty string or a list of up to 4 non-empty strings",
                       max_length=4) | None = Field(None, description="generation stops at any of these")
-    n: only(int, 1, "must be 1: one choice per request is supported") | None = Field(None, description="1 only")
+    n: integer(ge=1, le=MAX_CHOICES) | None = Field(
+        None, description="choices to generate (default 1); each is an answer of its own: side by side on the batching "
+                          "engine, one after another on the others; with a seed, choice i samples with seed + i")
+    logprobs: bool | None = Field(None, description="each answer token's logprob (choices[].logprobs.content); an "
+                                                    "engine that cannot give them refuses (400, naming those that can)")
+    top_logprobs: integer(ge=0, le=20) | None = Field(None, description="only with logprobs: true: the most likely "
+                                                                       "tokens at each step, with their logprobs")
     user: str | None = Field(None, description="accepted and ignored")
     frequency_penalty: Penalty | None = Field(None, description="0 only")
     presence_penalty: Penalty | None = Field(None, description="0 only")
@@ -188,6 +197,13 @@ class ChatCompletionRequest(Shape):
         """Declared to JSON Schema as if/then (``_stream_options_need_stream``)."""
         if self.stream_options is not None and not self.stream:
             raise refuse("invalid_value", "'stream_options' is only allowed with stream: true", "stream_options")
+        return self
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        """Declared to JSON Schema as dependentSchemas (``_stream_options_need_stream``); as OpenAI."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise refuse("invalid_value", "'top_logprobs' is only allowed with logprobs: true", "top_logprobs")
         return self
 
 

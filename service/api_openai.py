@@ -6,10 +6,10 @@ import time
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from service import openai_request, routing, sse
-from service.engine import Done, Event, Failed, Token
+from service import choices, logprobs, openai_request, routing, sse
+from service.engine import Done, Event, Failed, Started, Token
 from service.errors import APIError
-from service.streaming import JobStream, sse_body
+from service.streaming import JobStream
 
 bp = Blueprint("openai", __name__)
 
@@ -31,51 +31,60 @@ def chat_completions():
     parsed = openai_request.parse(json_body(), settings.model_name, settings.max_tokens, settings.max_images,
                                   state.load_image)
     openai_request.require_constraining(parsed.sampling.response_format, state.engine, settings.engine)
-    job = state.engine.submit(parsed.conversation, parsed.sampling, g.request_id, routing.max_wait(request.headers))
-    stream = JobStream(job, settings.queue_timeout, state.metrics, started_at=g.started_at)
-    headers = stream.wait_started()
+    if refused := logprobs.refusal(parsed.sampling, state.engine, settings.engine):
+        raise refused
+    jobs = choices.submit(state.engine, parsed, g.request_id, routing.max_wait(request.headers))
+    streams = [JobStream(job, settings.queue_timeout, state.metrics, started_at=g.started_at) for job in jobs]
+    headers = choices.wait_started(streams)
     completion_id = f"chatcmpl-{g.request_id}"
     created = int(time.time())
+    with_logprobs = parsed.sampling.logprobs
     if not parsed.stream:
-        done = stream.collect()
+        dones = choices.collect(streams)
         return jsonify({
             "id": completion_id, "object": "chat.completion", "created": created, "model": parsed.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
-                         "finish_reason": _finish(done.finish_reason)}],
-            "usage": _usage(done.timings),
+            "choices": [{"index": i, "message": {"role": "assistant", "content": done.text},
+                         **({"logprobs": logprobs.choice_logprobs(s.logprobs)} if with_logprobs else {}),
+                         "finish_reason": _finish(done.finish_reason)}
+                        for i, (s, done) in enumerate(zip(streams, dones, strict=True))],
+            "usage": choices.usage([done.timings for done in dones]),
         }), 200, headers
 
-    def chunk(delta: dict, finish: str | None = None) -> dict:
+    def chunk(delta: dict, finish: str | None = None, index: int = 0, entries=None) -> dict:
+        choice = {"index": index, "delta": delta, "finish_reason": finish}
+        if entries is not None:
+            choice["logprobs"] = logprobs.choice_logprobs(entries)
         return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": parsed.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                "choices": [choice]}
 
-    def render(event: Event) -> str | None:
+    ended: list = []  # each choice's Timings, as it ends
+
+    def render(index: int, event: Event) -> str | None:
         match event:
-            case Token(text=text):
-                return sse.event(chunk({"content": text}))
+            case Started():
+                return sse.event(chunk({"role": "assistant", "content": ""}, index=index))
+            case Token(text=text, logprobs=entries):
+                return sse.event(chunk({"content": text}, index=index, entries=entries if with_logprobs else None))
             case Failed(error=error):
                 return sse.event(error.body()) + sse.event("[DONE]")
             case Done(finish_reason=reason, timings=timings):
-                out = sse.event(chunk({}, _finish(reason)))
+                ended.append(timings)
+                out = sse.event(chunk({}, _finish(reason), index))
+                if index < len(streams) - 1:
+                    return out
                 if parsed.include_usage:
-                    out += sse.event({**chunk({}), "choices": [], "usage": _usage(timings)})
+                    out += sse.event({**chunk({}), "choices": [], "usage": choices.usage(ended)})
                 return out + sse.event("[DONE]")
-        return None  # Started: the role chunk went out already
+        return None
 
     def body():
-        yield sse.event(chunk({"role": "assistant", "content": ""}))
-        yield from sse_body(stream, render, sse.KEEPALIVE)
+        yield from choices.sse_choices(streams, render, sse.KEEPALIVE)
 
     return Response(body(), mimetype="text/event-stream", headers={**sse.HEADERS, **headers})
 
 
 def _finish(reason: str) -> str:
     return "length" if reason == "length" else "stop"
-
-
-def _usage(timings) -> dict:
-    return {"prompt_tokens": timings.prompt_tokens, "completion_tokens": timings.completion_tokens,
-            "total_tokens": timings.prompt_tokens + timings.completion_tokens}
 
 
 @bp.get("/v1/models")

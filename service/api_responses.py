@@ -37,9 +37,29 @@ class AssistantAnswer(Answer):
     content: str
 
 
+class TopLogprob(Answer):
+    token: str = Field(description="the token's text (U+FFFD where it holds part of a character)")
+    logprob: float = Field(le=0)
+    bytes: list[int] = Field(description="the token's UTF-8 bytes: a whole answer's concatenate to its text")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="the top_logprobs most likely tokens at this step, most "
+                                                       "likely first")
+
+
+class ChoiceLogprobs(Answer):
+    content: list[TokenLogprob] = Field(description="one entry per answer token (in a chunk: its delta's)")
+    refusal: None = None
+
+
+LOGPROBS = "with logprobs: true only (service.logprobs)"
+
+
 class Choice(Answer):
     index: int
     message: AssistantAnswer
+    logprobs: ChoiceLogprobs | None = Field(None, description=LOGPROBS)
     finish_reason: Literal["stop", "length"]
 
 
@@ -96,8 +116,9 @@ class Delta(Answer):
 
 
 class ChunkChoice(Answer):
-    index: int
+    index: int = Field(description="the choice (n): each choice's chunks in turn, its first with the role")
     delta: Delta
+    logprobs: ChoiceLogprobs | None = Field(None, description=LOGPROBS)
     finish_reason: Literal["stop", "length"] | None
 
 

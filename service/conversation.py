@@ -53,6 +53,8 @@ class Sampling:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: fixed output length from a model whose answers are noise
     response_format: ResponseFormat | None = None  # None: free text
+    logprobs: bool = False  # each token's logprob on its Token event (service.logprobs)
+    top_logprobs: int = 0  # and this many most likely tokens at its step
 
     @property
     def deterministic(self) -> bool:

@@ -28,8 +28,6 @@ UNSUPPORTED = {
     "tool_choice": "tool calling is not supported by this server",
     "functions": "function calling is not supported by this server",
     "function_call": "function calling is not supported by this server",
-    "logprobs": "logprobs are not supported by this server",
-    "top_logprobs": "logprobs are not supported by this server",
     "logit_bias": "logit_bias is not supported by this server",
     "audio": "audio output is not supported by this server",
     "modalities": "only text output is supported",
@@ -44,6 +42,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     model: str
+    n: int = 1  # choices: one job each (service.choices)
 
 
 def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,
@@ -62,10 +61,12 @@ def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,
         stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
         ignore_eos=request.ignore_eos,
         response_format=response_format(request),
+        logprobs=bool(request.logprobs),
+        top_logprobs=request.top_logprobs or 0,
     )
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     turns = _turns(request, max_images, load_image)
-    return ChatRequest(Conversation(turns), sampling, request.stream, include_usage, model_name)
+    return ChatRequest(Conversation(turns), sampling, request.stream, include_usage, model_name, request.n or 1)
 
 
 def response_format(request: ChatCompletionRequest | ChatForm) -> ResponseFormat | None:

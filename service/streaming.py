@@ -25,6 +25,7 @@ class JobStream:
         self._events = job.events(queue_timeout)
         self._head: list[Event] = []
         self.started: Started | None = None
+        self.logprobs: list[dict] = []  # every Token's logprob entries so far (a whole answer's choices[].logprobs)
 
     def wait_started(self) -> dict[str, str]:
         """Block until the job starts; raise its error (503 queue timeout, ...) if it fails instead.
@@ -54,6 +55,8 @@ class JobStream:
             self.job.cancel()
 
     def _observe(self, event: Event) -> Event:
+        if isinstance(event, Token):
+            self.logprobs.extend(event.logprobs)
         if isinstance(event, Token) and self.first_token_at is None:
             self.first_token_at = time.monotonic()
             if self.metrics:

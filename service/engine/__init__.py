@@ -46,6 +46,7 @@ __all__ = [
     "constraining_engines",
     "generation_config",
     "load_pipeline",
+    "logprob_engines",
     "make_engine",
     "pipeline_properties",
     "render_prompt",
@@ -65,3 +66,9 @@ def make_engine(settings, *args, **kwargs) -> Engine:
 def constraining_engines() -> list[str]:
     """The engines that constrain an answer to a response_format (Engine.constrains_output)."""
     return [name for name, engine in ENGINES.items() if engine.constrains_output]
+
+
+def logprob_engines(top_logprobs: int = 0) -> list[str]:
+    """The engines that give token logprobs with ``top_logprobs`` top entries each (Engine.top_logprobs)."""
+    return [name for name, engine in ENGINES.items()
+            if engine.top_logprobs is not None and engine.top_logprobs >= top_logprobs]

@@ -43,6 +43,8 @@ class Engine:
     # The engine constrains an answer to a response_format (json_object, json_schema) while it is generated; the
     # API refuses a response_format on an engine that does not (service.api_openai), never ignores it.
     constrains_output = False
+    # The most top_logprobs entries per token the engine computes (service.logprobs); None: no token logprobs at all.
+    top_logprobs: int | None = None
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         self.settings = settings

@@ -8,6 +8,7 @@ part it has seen.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -26,6 +27,7 @@ from service.engine.genai import (
     render_prompt,
 )
 from service.engine.job import RUNNING, Job
+from service.logprobs import TokenBytes, entry
 
 log = logging.getLogger("vlfleet.engine")
 
@@ -42,6 +44,7 @@ class Active:
     decoder: IncrementalDecoder
     tokens: int = 0
     pieces: list[str] = field(default_factory=list)
+    pending: list[dict] = field(default_factory=list)  # logprob entries of tokens whose text has not gone out yet
 
 
 class BatchingEngine(Engine):
@@ -52,6 +55,11 @@ class BatchingEngine(Engine):
     # wait many times over. The bounded queue (429) and the queue timeout (503) still hold here.
     estimates_wait = False
     constrains_output = True  # genai's StructuredOutputConfig (xgrammar) on each request's GenerationConfig
+    top_logprobs = 0  # genai's generated_log_probs: the chosen token's logprob, no top-k (service.logprobs)
+
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes:
+        return TokenBytes(self.settings.model_dir / "tokenizer.json")
 
     def check_format(self, fmt) -> None:
         check_schema(fmt)  # before add_request: a schema xgrammar cannot compile would break the pipeline's steps
@@ -126,6 +134,9 @@ class BatchingEngine(Engine):
             if a.handle.can_read():
                 for output in a.handle.read().values():
                     a.tokens += len(output.generated_ids)
+                    if a.job.sampling.logprobs:
+                        ids, lps = output.generated_ids, output.generated_log_probs
+                        a.pending.extend(entry(self.token_bytes(t), lp) for t, lp in zip(ids, lps, strict=False))
                     self._stream(a, a.decoder.push(output.generated_ids))
             status = a.handle.get_status()
             if status == ov_genai.GenerationStatus.RUNNING or a.handle.can_read():
@@ -140,12 +151,15 @@ class BatchingEngine(Engine):
         if a.timings.first_token_s is None:
             a.timings.first_token_s = time.monotonic() - a.started
         a.pieces.append(text)
-        a.job.put(Token(text))
+        a.job.put(Token(text, tuple(a.pending)))
+        a.pending.clear()
 
     def _complete(self, a: Active) -> None:
         timings = a.timings
         timings.total_s = time.monotonic() - a.started
         self._stream(a, a.decoder.flush())
+        if a.pending:  # tokens that made no text (special tokens): their logprobs all the same
+            a.job.put(Token("", tuple(a.pending)))
         timings.completion_tokens = a.tokens
         try:
             perf = a.handle.get_vlm_perf_metrics()

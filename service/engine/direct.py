@@ -20,6 +20,7 @@ class DirectEngine(Engine):
     """One DirectPipeline; its kept images and KV state survive between requests (trimmed under memory pressure)."""
 
     constrains_output = True  # response_format: the answer is generated under the schema's grammar
+    top_logprobs = 20  # it has the logits of every step (service.logprobs.from_logits)
 
     def check_format(self, fmt) -> None:
         """A schema the grammar engine cannot enforce is a 400 at submit, not after a wait in the queue; compiled
@@ -51,14 +52,18 @@ class DirectEngine(Engine):
         cached = sum(self.pipeline.vision.holds(img.digest) for img in conv.images)
         job.put(Started(reused_session=reused, images=len(conv.images), cache="miss", images_cached=cached))
         pieces: list[str] = []
+        pending: list[dict] = []  # logprob entries of the tokens whose text has not gone out yet
 
         def on_text(text: str) -> None:
             if timings.first_token_s is None:
                 timings.first_token_s = time.monotonic() - started
             pieces.append(text)
-            job.put(Token(text))
+            job.put(Token(text, tuple(pending)))
+            pending.clear()
 
-        stats = self.pipeline.generate(conv, job.sampling, on_text, job.cancelled.is_set)
+        stats = self.pipeline.generate(conv, job.sampling, on_text, job.cancelled.is_set, pending.append)
+        if pending:  # tokens that made no text (special tokens, a held-back stop string): their logprobs all the same
+            job.put(Token("", tuple(pending)))
         timings.total_s = time.monotonic() - started
         timings.prompt_tokens, timings.completion_tokens = stats.prompt_tokens, stats.completion_tokens
         timings.image_encode_s = stats.image_encode_s

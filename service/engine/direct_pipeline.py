@@ -5,11 +5,13 @@ The tokenizer, chat template and detokenizer are the artifact's own (openvino-ge
 the one genai would build. Sampling is greedy unless a temperature is given (then top-p with the request's seed);
 stop strings are matched on the text, which is held back only as long as a stop string could still be completing.
 A response format (JSON) masks the logits at every step with its grammar's allowed tokens (service.engine.structured)
-before the same sampling; the end of the answer is then allowed only where the grammar accepts.
+before the same sampling; the end of the answer is then allowed only where the grammar accepts. Token logprobs (when
+asked for) are a log-softmax over the same logits the token was drawn from (service.logprobs.from_logits).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from service.engine.genai import pipeline_properties, render_prompt
 from service.engine.stateful_lm import Prompt, StatefulLM, TokenIds, expand_images
 from service.engine.structured import Grammars
 from service.engine.vision import VisionEncoder
+from service.logprobs import TokenBytes, from_logits
 
 VISION_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"  # what the chat template writes for an image
 
@@ -60,6 +63,11 @@ class DirectPipeline:
                                     int(settings.image_cache_mb * 2**20))
         self.lm = StatefulLM(core, model_dir, settings.device, lm_props)
         self.grammars = Grammars(model_dir, self.lm.vocab_size, self.ids.eos)
+        self._model_dir = model_dir
+
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes:
+        return TokenBytes(self._model_dir / "tokenizer.json")
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -79,7 +87,8 @@ class DirectPipeline:
         return expand_images(ids, self.ids.image, images)
 
     def generate(self, conv: Conversation, sampling: Sampling, on_text: Callable[[str], None],
-                 cancelled: Callable[[], bool]) -> Generation:
+                 cancelled: Callable[[], bool], on_logprob: Callable[[dict], None] | None = None) -> Generation:
+        """``on_logprob(entry)`` (with sampling.logprobs) gets each token's logprob entry before its text."""
         stats = Generation()
         # Compiled (or taken from the cache) before anything else: a schema it cannot enforce fails the request
         # before a token is generated.
@@ -102,6 +111,8 @@ class DirectPipeline:
                 break
             if constraint is not None:
                 constraint.consume(token)
+            if sampling.logprobs and on_logprob is not None:
+                on_logprob(from_logits(logits, token, sampling.top_logprobs, self.token_bytes))
             stats.completion_tokens += 1
             if text.push(token) or stats.completion_tokens >= sampling.max_tokens or cancelled():
                 break

@@ -26,9 +26,11 @@ class Started:
 
 @dataclass(frozen=True)
 class Token:
-    """The next piece of the answer's text."""
+    """The next piece of the answer's text, and the logprob entries of the tokens that made it (service.logprobs;
+    only when the request asked for logprobs)."""
 
     text: str
+    logprobs: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)

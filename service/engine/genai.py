@@ -54,6 +54,8 @@ def generation_config(sampling: Sampling):
     if sampling.ignore_eos:
         cfg.ignore_eos = True
         cfg.min_new_tokens = sampling.max_tokens
+    if sampling.logprobs:
+        cfg.logprobs = 1  # the chosen token's: genai computes no top-k (service.logprobs)
     if sampling.response_format is not None:
         schema = schema_text(sampling.response_format)
         cfg.structured_output_config = ov_genai.StructuredOutputConfig(json_schema=schema)

@@ -48,6 +48,7 @@ from service.engine.llamacpp_child import (
     server_command,
 )
 from service.errors import APIError, Overloaded
+from service.logprobs import from_llama
 from service.prompt_limits import VISION_WRAP, PromptLimits, VisionGrid
 
 log = logging.getLogger("vlfleet.engine")
@@ -105,6 +106,7 @@ class LlamaCppEngine(Engine):
     """Jobs answered one at a time by a llama-server child that the engine starts, watches and restarts."""
 
     constrains_output = True  # llama-server compiles response_format's schema to a grammar (llama_api.request_body)
+    top_logprobs = 20  # llama-server's OpenAI endpoint computes them (service.logprobs.from_llama)
 
     def check_format(self, fmt) -> None:
         if keyword := unenforced_keyword(fmt):
@@ -230,12 +232,14 @@ class LlamaCppEngine(Engine):
                 if timings.first_token_s is None:
                     timings.first_token_s = time.monotonic() - started
                 pieces.append(text)
-                job.put(Token(text))
+                job.put(Token(text, tuple(from_llama(stream.take_logprobs()))))
                 if job.cancelled.is_set():
                     break
         finally:
             finished.set()
             stream.close()
+        if left := from_llama(stream.take_logprobs()):  # tokens that made no text
+            job.put(Token("", tuple(left)))
         timings.total_s = time.monotonic() - started
         self._account(timings, stream.answer, len(pieces))
         key = None if job.cancelled.is_set() else self._sessions.remember(conv, "".join(pieces))

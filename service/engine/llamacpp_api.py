@@ -97,6 +97,8 @@ def request_body(conv: Conversation, sampling: Sampling) -> dict:
         body["stop"] = list(sampling.stop)
     if sampling.response_format is not None:
         body["response_format"] = response_format(sampling.response_format)
+    if sampling.logprobs:
+        body.update(logprobs=True, top_logprobs=sampling.top_logprobs)
     return body
 
 
@@ -148,6 +150,7 @@ class ChatStream:
 
     def __init__(self, server: Endpoint, body: dict, stall_timeout: float = STALL_TIMEOUT_S):
         self.answer = Answer()
+        self.logprobs: list[dict] = []  # llama-server's logprobs.content entries not yet taken (take_logprobs)
         self._conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=stall_timeout)
         self._closed = threading.Event()
         try:
@@ -182,9 +185,15 @@ class ChatStream:
         self.answer.usage = chunk.get("usage") or self.answer.usage
         for choice in chunk.get("choices") or ():
             self.answer.finish_reason = choice.get("finish_reason") or self.answer.finish_reason
+            self.logprobs.extend((choice.get("logprobs") or {}).get("content") or ())
             text = (choice.get("delta") or {}).get("content")
             if text:
                 yield text
+
+    def take_logprobs(self) -> list[dict]:
+        """The logprob entries received since the last call (those of the text yielded since)."""
+        taken, self.logprobs = self.logprobs, []
+        return taken
 
     def cancel(self) -> None:
         """Break the connection from any thread: a reader blocked in recv (the inference thread) wakes up."""

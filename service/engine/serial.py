@@ -28,6 +28,8 @@ class SerialEngine(Engine):
     """One VLMPipeline, one request at a time; follow-ups re-use the prefix cache's KV blocks of earlier turns."""
 
     constrains_output = True  # genai's StructuredOutputConfig (xgrammar) on the job's GenerationConfig
+    # top_logprobs stays None: VLMPipeline's results and streamer carry no per-token logprobs (a whole answer's
+    # score only), so the serial engine refuses logprobs (service.logprobs.refusal).
 
     def check_format(self, fmt) -> None:
         check_schema(fmt)
