@@ -6,7 +6,7 @@ import time
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from service import openai_request, routing, sse
+from service import openai_request, routing, sse, tools
 from service.engine import Done, Event, Failed, Token, constraining_engines
 from service.errors import APIError
 from service.streaming import JobStream, sse_body
@@ -42,12 +42,15 @@ def chat_completions():
     created = int(time.time())
     if not parsed.stream:
         done = stream.collect()
+        content, calls = tools.parse(done.text) if parsed.tool_calls else (done.text, [])
+        message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
         return jsonify({
             "id": completion_id, "object": "chat.completion", "created": created, "model": parsed.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
-                         "finish_reason": _finish(done.finish_reason)}],
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": tools.finish_reason(done.finish_reason, bool(calls))}],
             "usage": _usage(done.timings),
         }), 200, headers
+    calls = tools.ToolStream() if parsed.tool_calls else None
 
     def chunk(delta: dict, finish: str | None = None) -> dict:
         return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": parsed.model,
@@ -56,11 +59,12 @@ def chat_completions():
     def render(event: Event) -> str | None:
         match event:
             case Token(text=text):
-                return sse.event(chunk({"content": text}))
+                return sse.event(chunk({"content": text})) if calls is None else _events(chunk, calls.push(text))
             case Failed(error=error):
                 return sse.event(error.body()) + sse.event("[DONE]")
             case Done(finish_reason=reason, timings=timings):
-                out = sse.event(chunk({}, _finish(reason)))
+                held = "" if calls is None else _events(chunk, calls.finish())
+                out = held + sse.event(chunk({}, tools.finish_reason(reason, bool(calls and calls.calls))))
                 if parsed.include_usage:
                     out += sse.event({**chunk({}), "choices": [], "usage": _usage(timings)})
                 return out + sse.event("[DONE]")
@@ -73,8 +77,8 @@ def chat_completions():
     return Response(body(), mimetype="text/event-stream", headers={**sse.HEADERS, **headers})
 
 
-def _finish(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
+def _events(chunk, deltas: list[dict]) -> str:
+    return "".join(sse.event(chunk(delta)) for delta in deltas)
 
 
 def _usage(timings) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from service.conversation import Conversation, ResponseFormat, Sampling
 from service.images import PreparedImage
+from service.tools import chosen_names
 
 STALL_TIMEOUT_S = 600.0  # longest silence from llama-server (a long prefill sends nothing) before we give up
 CALL_TIMEOUT_S = 30.0  # /apply-template, /tokenize, /props
@@ -76,6 +77,9 @@ def messages(conv: Conversation, marker: str | None = None) -> list[dict]:
     them). With ``marker``, each image is that text instead (for /apply-template, which loads no images)."""
     out = []
     for turn in conv.turns:
+        if turn.tool_calls:  # an assistant's calls, as OpenAI sends them (its template renders <tool_call>)
+            out.append({"role": turn.role, "content": turn.text, "tool_calls": json.loads(turn.tool_calls)})
+            continue
         if not turn.images:
             out.append({"role": turn.role, "content": turn.text})
             continue
@@ -95,9 +99,24 @@ def request_body(conv: Conversation, sampling: Sampling) -> dict:
         body["seed"] = sampling.seed
     if sampling.stop:
         body["stop"] = list(sampling.stop)
-    if sampling.response_format is not None:
-        body["response_format"] = response_format(sampling.response_format)
-    return body
+    fmt = sampling.response_format
+    if fmt is not None and fmt.kind != "tool_call":
+        body["response_format"] = response_format(fmt)
+    return {**body, **tool_fields(conv, fmt)}
+
+
+def tool_fields(conv: Conversation, fmt: ResponseFormat | None = None) -> dict:
+    """The conversation's tools for llama-server (--jinja, its default, renders them with the model's template).
+    A forced call is its tool_choice required, whose grammar it builds from the template's tool format and the
+    tools' parameters; it takes no named function, so a named one is the only tool it is sent."""
+    if not conv.tools:
+        return {}
+    tools = json.loads(conv.tools)
+    if fmt is None or fmt.kind != "tool_call":
+        return {"tools": tools, "tool_choice": "auto"}
+    names = chosen_names(fmt)
+    return {"tools": [t for t in tools if t["function"]["name"] in names], "tool_choice": "required",
+            "parallel_tool_calls": False}
 
 
 def response_format(fmt: ResponseFormat) -> dict:
@@ -148,6 +167,7 @@ class ChatStream:
 
     def __init__(self, server: Endpoint, body: dict, stall_timeout: float = STALL_TIMEOUT_S):
         self.answer = Answer()
+        self._calls: dict[int, dict] = {}  # llama-server's parsed tool calls by index, as they stream in
         self._conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=stall_timeout)
         self._closed = threading.Event()
         try:
@@ -168,8 +188,9 @@ class ChatStream:
                 if not line.startswith("data: "):
                     continue
                 if line == "data: [DONE]":
-                    return
+                    break
                 yield from self._chunk(json.loads(line[6:]))
+            yield from self._call_text()
         except (OSError, http.client.HTTPException, ValueError) as e:
             if not self._closed.is_set():
                 raise LlamaServerError(f"llama-server broke off the answer: {e}") from None
@@ -182,9 +203,22 @@ class ChatStream:
         self.answer.usage = chunk.get("usage") or self.answer.usage
         for choice in chunk.get("choices") or ():
             self.answer.finish_reason = choice.get("finish_reason") or self.answer.finish_reason
-            text = (choice.get("delta") or {}).get("content")
-            if text:
-                yield text
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                yield delta["content"]
+            for call in delta.get("tool_calls") or ():
+                entry = self._calls.setdefault(call.get("index", 0), {"name": "", "arguments": ""})
+                function = call.get("function") or {}
+                entry["name"] += function.get("name") or ""
+                entry["arguments"] += function.get("arguments") or ""
+
+    def _call_text(self) -> Iterator[str]:
+        """The calls llama-server parsed out of the answer, back as the model's text (Qwen3-VL's <tool_call> blocks),
+        so that every engine's answer is text that service.tools parses the same way (and the cache replays)."""
+        for i in sorted(self._calls):
+            call = self._calls[i]
+            yield (f'{chr(10) if i else ""}<tool_call>\n{{"name": {json.dumps(call["name"])}, "arguments": '
+                   f'{call["arguments"] or "{}"}}}\n</tool_call>')
 
     def cancel(self) -> None:
         """Break the connection from any thread: a reader blocked in recv (the inference thread) wakes up."""

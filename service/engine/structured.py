@@ -10,6 +10,7 @@ llguidance names, raised before any token is generated.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from service.conversation import ResponseFormat
-from service.engine.genai import SCHEMA_PARAM, schema_text
+from service.engine.genai import CALL_CLOSE, CALL_OPEN, SCHEMA_PARAM, TOOLS_PARAM, schema_text
 from service.errors import APIError
 
 # One JSON layout: no free whitespace (with a model that rambles, a run of spaces or newlines could fill the whole
@@ -62,16 +63,17 @@ class Grammars:
                 self._compiled.move_to_end(fmt)
                 return matcher
             tokenizer = self._llg_tokenizer()
+            param = TOOLS_PARAM if fmt.kind == "tool_call" else SCHEMA_PARAM
             try:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text(fmt), defaults=JSON_OPTIONS)
+                grammar = _grammar(fmt)
             except ValueError as e:  # not a JSON object at all
-                raise _unsupported(str(e)) from None
+                raise _unsupported(str(e), param) from None
             is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
             if is_error:
-                raise _unsupported("; ".join(messages))
+                raise _unsupported("; ".join(messages), param)
             matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
             if matcher.is_error():
-                raise _unsupported(matcher.get_error())
+                raise _unsupported(matcher.get_error(), param)
             self.compiles += 1
             self._compiled[fmt] = matcher
             while len(self._compiled) > self._capacity:
@@ -83,9 +85,20 @@ class Grammars:
             return Constraint(self.compiled(fmt).deep_copy(), self.vocab_size)
 
 
-def _unsupported(reason: str) -> APIError:
-    return APIError(f"'{SCHEMA_PARAM}' cannot be enforced: {reason}", 400, param=SCHEMA_PARAM,
-                    code="unsupported_schema")
+def _grammar(fmt: ResponseFormat) -> str:
+    """llguidance's grammar of a format: its JSON schema, or a forced tool call as Lark, the fixed tags around the
+    call object's schema (%json, with the same JSON layout through the schema's x-guidance options)."""
+    import llguidance
+
+    if fmt.kind != "tool_call":
+        return llguidance.LLMatcher.grammar_from_json_schema(schema_text(fmt), defaults=JSON_OPTIONS)
+    schema = {**json.loads(fmt.schema), "x-guidance": JSON_OPTIONS}
+    lark = f"start: {json.dumps(CALL_OPEN)} call {json.dumps(CALL_CLOSE)}\ncall: %json {json.dumps(schema)}"
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def _unsupported(reason: str, param: str = SCHEMA_PARAM) -> APIError:
+    return APIError(f"'{param}' cannot be enforced: {reason}", 400, param=param, code="unsupported_schema")
 
 
 class Constraint:
