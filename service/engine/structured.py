@@ -11,6 +11,7 @@ llguidance names, raised before any token is generated.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -36,6 +37,7 @@ class Grammars:
         self._tokenizer_json = Path(model_dir) / "tokenizer.json"
         self.vocab_size, self._eos, self._capacity = vocab_size, list(eos), capacity
         self._tokenizer = None
+        self._added: dict[str, int] | None = None
         self._compiled: OrderedDict[ResponseFormat, object] = OrderedDict()
         self._lock = threading.RLock()
         self.compiles = 0  # formats compiled (not taken from the cache)
@@ -52,6 +54,14 @@ class Grammars:
             self._tokenizer = llguidance.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos)
         return self._tokenizer
 
+    def _added_tokens(self) -> dict[str, int]:
+        """The tokenizer's added tokens by text (read with the token table, so the file was there)."""
+        self._llg_tokenizer()
+        if self._added is None:
+            spec = json.loads(self._tokenizer_json.read_text())
+            self._added = {t["content"]: t["id"] for t in spec.get("added_tokens", ())}
+        return self._added
+
     def compiled(self, fmt: ResponseFormat):
         """The kept matcher of ``fmt`` (compiled now if it is not kept), or a 400 naming what cannot be compiled.
         Never consume tokens with it: ``constraint`` gives each answer its own copy."""
@@ -65,7 +75,7 @@ class Grammars:
             tokenizer = self._llg_tokenizer()
             param = TOOLS_PARAM if fmt.kind == "tool_call" else SCHEMA_PARAM
             try:
-                grammar = _grammar(fmt)
+                grammar = _grammar(fmt, self._added_tokens())
             except ValueError as e:  # not a JSON object at all
                 raise _unsupported(str(e), param) from None
             is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
@@ -85,15 +95,24 @@ class Grammars:
             return Constraint(self.compiled(fmt).deep_copy(), self.vocab_size)
 
 
-def _grammar(fmt: ResponseFormat) -> str:
-    """llguidance's grammar of a format: its JSON schema, or a forced tool call as Lark, the fixed tags around the
-    call object's schema (%json, with the same JSON layout through the schema's x-guidance options)."""
+def _grammar(fmt: ResponseFormat, added: dict[str, int]) -> str:
+    """llguidance's grammar of a format: its JSON schema, or a forced tool call as Lark, the tags around the call
+    object's schema (%json, with the same JSON layout through the schema's x-guidance options).
+
+    A tag the tokenizer has as an added token (Qwen's <tool_call>, </tool_call>) is that token (<[id]>), as the
+    model writes it: llguidance keeps added tokens apart from text, so the literal "<tool_call>" in the grammar would
+    allow the token in the mask and then refuse it when consumed (measured: "token doesn't satisfy the grammar")."""
     import llguidance
 
     if fmt.kind != "tool_call":
         return llguidance.LLMatcher.grammar_from_json_schema(schema_text(fmt), defaults=JSON_OPTIONS)
+
+    def tag(text: str) -> str:
+        return " ".join(f"<[{added[t]}]>" if t in added else json.dumps(t) for t in re.split(r"(</?tool_call>)", text)
+                        if t)
+
     schema = {**json.loads(fmt.schema), "x-guidance": JSON_OPTIONS}
-    lark = f"start: {json.dumps(CALL_OPEN)} call {json.dumps(CALL_CLOSE)}\ncall: %json {json.dumps(schema)}"
+    lark = f"start: {tag(CALL_OPEN)} call {tag(CALL_CLOSE)}\ncall: %json {json.dumps(schema)}"
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
