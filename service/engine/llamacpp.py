@@ -38,6 +38,7 @@ import time
 from service.conversation import Conversation, Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
+from service.engine.genai import TOOLS_PARAM
 from service.engine.job import FINISHED, RUNNING, Job
 from service.engine.llamacpp_api import (
     Answer,
@@ -45,6 +46,7 @@ from service.engine.llamacpp_api import (
     Endpoint,
     LlamaServerError,
     call,
+    call_tags,
     messages,
     request_body,
     tool_fields,
@@ -118,7 +120,7 @@ class LlamaCppEngine(Engine):
 
     def check_format(self, fmt) -> None:
         if keyword := unenforced_keyword(fmt):
-            param = "tools" if fmt.kind == "tool_call" else "response_format.json_schema.schema"
+            param = TOOLS_PARAM if fmt.kind == "tool_call" else "response_format.json_schema.schema"
             raise APIError(f"'{param}' cannot be enforced here: llama-server's grammar ignores {keyword} on a number "
                            f"(bounds hold on integers; the serial and batching engines enforce them on numbers)",
                            param=param, code="unsupported_schema")
@@ -227,7 +229,8 @@ class LlamaCppEngine(Engine):
         job.put(Started(reused_session=reused, images=len(conv.images), cache="miss"))
         pieces: list[str] = []
         try:
-            stream = ChatStream(self.pipeline.endpoint(), request_body(conv, job.sampling))
+            stream = ChatStream(self.pipeline.endpoint(), request_body(conv, job.sampling),
+                                tags=call_tags(job.sampling))
         except LlamaServerError as e:
             if e.status == 400:
                 raise _client_error(e, job.sampling) from None

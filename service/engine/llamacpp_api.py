@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from service.conversation import Conversation, ResponseFormat, Sampling
+from service.engine.genai import CALL_CLOSE, CALL_OPEN
 from service.images import PreparedImage
-from service.tools import chosen_names
 
 STALL_TIMEOUT_S = 600.0  # longest silence from llama-server (a long prefill sends nothing) before we give up
 CALL_TIMEOUT_S = 30.0  # /apply-template, /tokenize, /props
@@ -100,29 +100,35 @@ def request_body(conv: Conversation, sampling: Sampling) -> dict:
     if sampling.stop:
         body["stop"] = list(sampling.stop)
     fmt = sampling.response_format
-    if fmt is not None and fmt.kind != "tool_call":
+    if fmt is not None:
         body["response_format"] = response_format(fmt)
     return {**body, **tool_fields(conv, fmt)}
 
 
 def tool_fields(conv: Conversation, fmt: ResponseFormat | None = None) -> dict:
-    """The conversation's tools for llama-server (--jinja, its default, renders them with the model's template).
-    A forced call is its tool_choice required, whose grammar it builds from the template's tool format and the
-    tools' parameters; it takes no named function, so a named one is the only tool it is sent."""
+    """The conversation's tools for llama-server (--jinja, its default, renders them with the model's template and,
+    under tool_choice auto, parses a call the model writes into tool_calls).
+
+    A forced call is not its tool_choice required: that grammar lets any text come before the call (measured: the
+    tiny model's answers never reached a call within 600 tokens), and llama-server takes no assistant prefill with a
+    grammar ("Failed to initialize samplers"). So the call object is its response_format (tool_choice none, which
+    allows one) and the engine writes the fixed tags around it (``call_tags``)."""
     if not conv.tools:
         return {}
-    tools = json.loads(conv.tools)
-    if fmt is None or fmt.kind != "tool_call":
-        return {"tools": tools, "tool_choice": "auto"}
-    names = chosen_names(fmt)
-    return {"tools": [t for t in tools if t["function"]["name"] in names], "tool_choice": "required",
-            "parallel_tool_calls": False}
+    forced = fmt is not None and fmt.kind == "tool_call"
+    return {"tools": json.loads(conv.tools), "tool_choice": "none" if forced else "auto"}
+
+
+def call_tags(sampling: Sampling) -> tuple[str, str] | None:
+    """The text before and after the answer of a forced call: Qwen3-VL's <tool_call> tags."""
+    fmt = sampling.response_format
+    return (CALL_OPEN, CALL_CLOSE) if fmt is not None and fmt.kind == "tool_call" else None
 
 
 def response_format(fmt: ResponseFormat) -> dict:
     """The format as llama-server's OpenAI endpoint takes it: it compiles the schema to a grammar (a schema it
     cannot convert is its 400, raised before it generates); json_object is any JSON object."""
-    schema = json.loads(fmt.schema) if fmt.kind == "json_schema" else {"type": "object"}
+    schema = json.loads(fmt.schema) if fmt.schema is not None else {"type": "object"}
     return {"type": "json_schema", "json_schema": {"schema": schema}}
 
 
@@ -165,8 +171,10 @@ class ChatStream:
     """A streamed chat completion; iterate for the answer's text pieces, then read ``answer``. ``cancel`` (from any
     thread) breaks the connection, which is how llama-server learns that the client has gone and stops."""
 
-    def __init__(self, server: Endpoint, body: dict, stall_timeout: float = STALL_TIMEOUT_S):
+    def __init__(self, server: Endpoint, body: dict, stall_timeout: float = STALL_TIMEOUT_S,
+                 tags: tuple[str, str] | None = None):
         self.answer = Answer()
+        self._tags = tags  # text to put around the answer (a forced tool call's, call_tags)
         self._calls: dict[int, dict] = {}  # llama-server's parsed tool calls by index, as they stream in
         self._conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=stall_timeout)
         self._closed = threading.Event()
@@ -182,6 +190,16 @@ class ChatStream:
             raise LlamaServerError(f"llama-server answered {self._resp.status}: {text}", self._resp.status)
 
     def __iter__(self) -> Iterator[str]:
+        if not self._tags:
+            yield from self._pieces()
+            return
+        opened = False
+        for piece in self._pieces():  # the opening tag goes out with the first generated piece, not before it
+            yield piece if opened else self._tags[0] + piece
+            opened = True
+        yield self._tags[1] if opened else "".join(self._tags)
+
+    def _pieces(self) -> Iterator[str]:
         try:
             for raw in self._resp:
                 line = raw.decode(errors="replace").strip()
