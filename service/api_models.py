@@ -126,7 +126,8 @@ def _system_first(schema: dict) -> None:
 Messages = Annotated[list[Annotated[AnyMessage, Field(discriminator="role")]],
                      Field(min_length=1, json_schema_extra=_system_first,
                            description="the conversation, oldest first: a system message only first, the user's "
-                                       "last; images in user messages only"),
+                                       "last (or a tool's result: role tool answers an assistant's tool_calls); "
+                                       "images in user messages only"),
                      AfterValidator(_conversation)]
 Count = integer(ge=1, le=2**31)
 NonEmpty = Annotated[str, Field(min_length=1)]
