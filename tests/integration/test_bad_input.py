@@ -60,10 +60,14 @@ CASES = {
     "unknown field": (lambda: json.dumps({"messages": [image_message()], "frobnicate": 1}).encode(), 400,
                       "unknown_parameter"),
     "n > 1": (lambda: json.dumps({"messages": [image_message()], "n": 2}).encode(), 400, "unsupported_parameter"),
-    "tools": (lambda: json.dumps({"messages": [image_message()], "tools": [{"type": "function"}]}).encode(), 400,
-              "unsupported_parameter"),
-    "wrong role": (lambda: json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(), 400,
+    "functions": (lambda: json.dumps({"messages": [image_message()], "functions": [{"name": "f"}]}).encode(), 400,
+                  "unsupported_parameter"),
+    "tool without function": (lambda: json.dumps({"messages": [image_message()], "tools": [{"type": "function"}]})
+                              .encode(), 400, "invalid_type"),
+    "wrong role": (lambda: json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), 400,
                    "invalid_value"),
+    "orphan tool result": (lambda: json.dumps({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]})
+                           .encode(), 400, "invalid_value"),
     "last not user": (lambda: json.dumps({"messages": [image_message(), {"role": "assistant", "content": "x"}]})
                       .encode(), 400, "invalid_value"),
     "empty prompt": (lambda: json.dumps({"messages": [{"role": "user", "content": "   "}]}).encode(), 400,
