@@ -89,6 +89,9 @@ def check_parameters(schema: dict | None, param: str) -> None:
     """The client's 400 naming what the grammar engine (llguidance) cannot enforce in a parameters schema."""
     if schema is None:
         return
+    if schema.get("type", "object") != "object":  # the template's call is {"name", "arguments": <an object>}
+        raise APIError(f"'{param}' must be an object schema (type 'object'): a call's arguments are a JSON object",
+                       param=param, code="unsupported_schema")
     from llguidance import LLMatcher
 
     try:
