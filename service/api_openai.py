@@ -47,7 +47,7 @@ def chat_completions():
         return jsonify({
             "id": completion_id, "object": "chat.completion", "created": created, "model": parsed.model,
             "choices": [{"index": 0, "message": message,
-                         "finish_reason": tools.finish_reason(done.finish_reason, bool(calls))}],
+                         "finish_reason": "tool_calls" if calls else _finish(done.finish_reason)}],
             "usage": _usage(done.timings),
         }), 200, headers
     calls = tools.ToolStream() if parsed.tool_calls else None
@@ -64,7 +64,7 @@ def chat_completions():
                 return sse.event(error.body()) + sse.event("[DONE]")
             case Done(finish_reason=reason, timings=timings):
                 held = "" if calls is None else _events(chunk, calls.finish())
-                out = held + sse.event(chunk({}, tools.finish_reason(reason, bool(calls and calls.calls))))
+                out = held + sse.event(chunk({}, "tool_calls" if calls and calls.calls else _finish(reason)))
                 if parsed.include_usage:
                     out += sse.event({**chunk({}), "choices": [], "usage": _usage(timings)})
                 return out + sse.event("[DONE]")
@@ -77,7 +77,12 @@ def chat_completions():
     return Response(body(), mimetype="text/event-stream", headers={**sse.HEADERS, **headers})
 
 
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
 def _events(chunk, deltas: list[dict]) -> str:
+    """SSE text of the deltas service.tools.ToolStream made of a piece (none while it holds text back)."""
     return "".join(sse.event(chunk(delta)) for delta in deltas)
 
 

@@ -147,12 +147,6 @@ def parse(text: str) -> tuple[str | None, list[dict]]:
     return text[:found[0].start()].strip() or None, calls
 
 
-def finish_reason(reason: str, called: bool) -> str:
-    if called:
-        return "tool_calls"
-    return "length" if reason == "length" else "stop"
-
-
 class ToolStream:
     """Streamed text in, OpenAI deltas out: content as it comes, except what could be the start of a <tool_call>
     (held back), and each call once its </tool_call> has come (name chunk, then arguments)."""
