@@ -39,13 +39,17 @@ def cache_key(conversation: Conversation, sampling: Sampling, model_id: str) -> 
     logprobs: a cached answer keeps its text only, and its replay must not lack them."""
     if not sampling.deterministic or sampling.logprobs:
         return None
-    turns = [[t.role, t.text, [img.digest for img in t.images]] for t in conversation.turns]
+    turns = [[t.role, t.text, [img.digest for img in t.images], *([t.tool_calls] if t.tool_calls else [])]
+             for t in conversation.turns]
     fmt = sampling.response_format
     params = [sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.seed, list(sampling.stop),
               sampling.ignore_eos, None if fmt is None else [fmt.kind, fmt.schema]]
     # A web UI follow-up sends its new question alone: the session id (the content key of the turns it continues)
     # stands for the rest, or two sessions asking the same follow-up would share one answer.
-    return hashlib.sha256(json.dumps([model_id, conversation.session, turns, params]).encode()).hexdigest()
+    # The tools are part of the prompt (the template lists them); tool_choice is in the format (a forced call) or
+    # only decides how the same text is returned (auto, none), so it keys nothing else.
+    tools = [conversation.tools] if conversation.tools else []
+    return hashlib.sha256(json.dumps([model_id, conversation.session, turns, params, *tools]).encode()).hexdigest()
 
 
 class AnswerCache:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Json, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from service.api_tools import Tool, ToolCall, ToolChoice, ToolMessage
 from service.api_types import Shape, Text, integer, leave_out, matching, only, prompt, refuse, str_or_list
 
 CONTENT = "must be a string or a non-empty list of content parts"
@@ -69,35 +70,46 @@ class SystemMessage(Shape):
 
 class AssistantMessage(Shape):
     role: Literal["assistant"]
-    content: str_or_list(Text, OtherPart, CONTENT, min_length=1)
+    content: str_or_list(Text, OtherPart, CONTENT, min_length=1) | None = Field(
+        None, description="null (or left out) only with tool_calls")
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = Field(None, description="the calls this "
+                                                                                                "answer made")
+
+    @model_validator(mode="after")
+    def _says_something(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise refuse("invalid_value", "an assistant message needs 'content' or 'tool_calls'", "content")
+        return self
 
 
-AnyMessage = UserMessage | SystemMessage | AssistantMessage
+AnyMessage = UserMessage | SystemMessage | AssistantMessage | ToolMessage
 
 
 def images(message: AnyMessage) -> list[tuple[int, ImageURL]]:
     """Each image of ``message`` with its index in the content (for the error's param)."""
-    if isinstance(message.content, str):
+    if not isinstance(message.content, list):
         return []
     return [(j, p.image_url) for j, p in enumerate(message.content) if isinstance(p, ImagePart)]
 
 
 def text(message: AnyMessage) -> str:
+    if message.content is None:  # an assistant's tool calls alone
+        return ""
     if isinstance(message.content, str):
         return message.content
-    return "\n".join(p.text for p in message.content if isinstance(p, TextPart | UserTextPart))
+    return "\n".join(p.text for p in message.content if p.type == "text")
 
 
 def _conversation(messages: list[AnyMessage]) -> list[AnyMessage]:
-    """What JSON Schema cannot say of a list: the last message is the user's."""
+    """What JSON Schema cannot say of a list: the last message is the user's (or a tool's result)."""
     for i, message in enumerate(messages[1:], 1):  # the schema says this one too (prefixItems, items)
         if message.role == "system":
             raise refuse("invalid_value", f"messages[{i}] has role 'system': a system message may only come first",
                          f"messages[{i}].role")
     last = len(messages) - 1
-    if messages[last].role != "user":
-        raise refuse("invalid_value", f"the last message (messages[{last}]) must have role 'user'",
+    if messages[last].role not in ("user", "tool"):
+        raise refuse("invalid_value", f"the last message (messages[{last}]) must have role 'user' (or 'tool')",
                      f"messages[{last}].role")
     return messages
 
@@ -114,7 +126,8 @@ def _system_first(schema: dict) -> None:
 Messages = Annotated[list[Annotated[AnyMessage, Field(discriminator="role")]],
                      Field(min_length=1, json_schema_extra=_system_first,
                            description="the conversation, oldest first: a system message only first, the user's "
-                                       "last; images in user messages only"),
+                                       "last (or a tool's result: role tool answers an assistant's tool_calls); "
+                                       "images in user messages only"),
                      AfterValidator(_conversation)]
 Count = integer(ge=1, le=2**31)
 NonEmpty = Annotated[str, Field(min_length=1)]
@@ -160,7 +173,7 @@ def _stream_options_need_stream(schema: dict) -> None:
 
 
 class ChatCompletionRequest(Shape):
-    """POST /v1/chat/completions. OpenAI fields that would change the answer and are not implemented (tools,
+    """POST /v1/chat/completions. OpenAI fields that would change the answer and are not implemented (functions,
     logit_bias, ...) are refused by name, not ignored."""
 
     model_config = ConfigDict(json_schema_extra=_stream_options_need_stream)
@@ -187,6 +200,12 @@ class ChatCompletionRequest(Shape):
     frequency_penalty: Penalty | None = Field(None, description="0 only")
     presence_penalty: Penalty | None = Field(None, description="0 only")
     ignore_eos: bool = Field(False, description="benchmarks: always generate max_tokens")
+    tools: list[Tool] | None = Field(None, description="function tools, listed to the model in Qwen3-VL's own "
+                                                       "tools block; a call comes back as message.tool_calls")
+    tool_choice: ToolChoice | None = Field(None, description="auto (default with tools): the model may call one; "
+                                                             "none: no call; required or a named function: the "
+                                                             "answer is one call, constrained to the tool's "
+                                                             "parameters while generated")
     response_format: ResponseFormat | None = Field(
         None, description="json_object or json_schema: the answer is constrained to it while it is generated; an "
                           "engine that cannot constrain it refuses it (400, naming the engines that can); text: "

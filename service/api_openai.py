@@ -6,7 +6,7 @@ import time
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from service import choices, logprobs, openai_request, routing, sse
+from service import choices, logprobs, openai_request, routing, sse, tools
 from service.engine import Done, Event, Failed, Started, Token
 from service.errors import APIError
 from service.streaming import JobStream
@@ -43,12 +43,13 @@ def chat_completions():
         dones = choices.collect(streams)
         return jsonify({
             "id": completion_id, "object": "chat.completion", "created": created, "model": parsed.model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": done.text},
-                         **({"logprobs": logprobs.choice_logprobs(s.logprobs)} if with_logprobs else {}),
-                         "finish_reason": _finish(done.finish_reason)}
+            "choices": [{"index": i, **_answer(done, parsed.tool_calls),
+                         **({"logprobs": logprobs.choice_logprobs(s.logprobs)} if with_logprobs else {})}
                         for i, (s, done) in enumerate(zip(streams, dones, strict=True))],
             "usage": choices.usage([done.timings for done in dones]),
         }), 200, headers
+    # Each choice's tool-call parser (choices stream one after another, each from its first token to its Done).
+    calls = [tools.ToolStream() for _ in streams] if parsed.tool_calls else None
 
     def chunk(delta: dict, finish: str | None = None, index: int = 0, entries=None) -> dict:
         choice = {"index": index, "delta": delta, "finish_reason": finish}
@@ -64,12 +65,17 @@ def chat_completions():
             case Started():
                 return sse.event(chunk({"role": "assistant", "content": ""}, index=index))
             case Token(text=text, logprobs=entries):
-                return sse.event(chunk({"content": text}, index=index, entries=entries if with_logprobs else None))
+                entries = entries if with_logprobs else None
+                if calls is None:
+                    return sse.event(chunk({"content": text}, index=index, entries=entries))
+                return _events(chunk, calls[index].push(text), index)
             case Failed(error=error):
                 return sse.event(error.body()) + sse.event("[DONE]")
             case Done(finish_reason=reason, timings=timings):
                 ended.append(timings)
-                out = sse.event(chunk({}, _finish(reason), index))
+                held = "" if calls is None else _events(chunk, calls[index].finish(), index)
+                called = calls is not None and bool(calls[index].calls)
+                out = held + sse.event(chunk({}, "tool_calls" if called else _finish(reason), index))
                 if index < len(streams) - 1:
                     return out
                 if parsed.include_usage:
@@ -85,6 +91,18 @@ def chat_completions():
 
 def _finish(reason: str) -> str:
     return "length" if reason == "length" else "stop"
+
+
+def _answer(done: Done, parse_calls: bool) -> dict:
+    """A whole choice's message and finish_reason: its <tool_call> blocks as tool_calls when the request had tools."""
+    content, calls = tools.parse(done.text) if parse_calls else (done.text, [])
+    message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+    return {"message": message, "finish_reason": "tool_calls" if calls else _finish(done.finish_reason)}
+
+
+def _events(chunk, deltas: list[dict], index: int) -> str:
+    """SSE text of the deltas service.tools.ToolStream made of a piece (none while it holds text back)."""
+    return "".join(sse.event(chunk(delta, index=index)) for delta in deltas)
 
 
 @bp.get("/v1/models")

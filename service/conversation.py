@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from service.images import PreparedImage
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 # The runtime's image/video placeholders: the engine tags images itself, so a text may not carry one.
 # ASCII digits spelled out: the same regex in the API's JSON Schema (ECMA-262) means the same strings.
@@ -28,6 +28,7 @@ class Turn:
     role: str
     text: str
     images: tuple[PreparedImage, ...] = ()
+    tool_calls: str | None = None  # an assistant turn's calls as compact JSON text (service.tools), for the template
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,13 @@ class ResponseFormat:
     """What the answer must be, enforced while it is generated (not checked afterwards): any JSON object
     (``json_object``), or JSON valid against ``schema`` (``json_schema``)."""
 
-    kind: str  # "json_object" | "json_schema"
+    kind: str  # "json_object" | "json_schema" | "tool_call" (service.tools: <tool_call>{name, arguments}</tool_call>)
     schema: str | None = None  # the JSON Schema as compact JSON text in the client's key order (the order the
     # answer's properties come out in, so two orders are two answers), hashable
 
     def __post_init__(self) -> None:
-        if self.kind not in ("json_object", "json_schema") or (self.kind == "json_schema") != (self.schema is not None):
+        if self.kind not in ("json_object", "json_schema", "tool_call") or \
+                (self.kind != "json_object") != (self.schema is not None):
             raise ValueError(f"bad response format {self.kind!r} (schema given: {self.schema is not None})")
 
 
@@ -66,10 +68,11 @@ class Conversation:
     turns: tuple[Turn, ...]
     session: str | None = None  # explicit session id (web UI); None = derive from content
     by_session: bool = False  # the client continues by session id (web UI), so the server keeps its turns
+    tools: str | None = None  # the request's function tools as compact JSON text: the template lists them
 
     def __post_init__(self) -> None:
-        if not self.turns or self.turns[-1].role != "user":
-            raise ValueError("a conversation must end with a user turn")
+        if not self.turns or self.turns[-1].role not in ("user", "tool"):
+            raise ValueError("a conversation must end with a user turn (or a tool's result)")
 
     @property
     def images(self) -> list[PreparedImage]:
@@ -83,7 +86,8 @@ class Conversation:
 def content_key(turns: tuple[Turn, ...] | list[Turn]) -> str:
     h = hashlib.sha256()
     for turn in turns:
-        h.update(json.dumps([turn.role, turn.text, [img.digest for img in turn.images]]).encode())
+        calls = [turn.tool_calls] if turn.tool_calls else []  # a turn without calls keys as before
+        h.update(json.dumps([turn.role, turn.text, [img.digest for img in turn.images], *calls]).encode())
     return h.hexdigest()
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from service import tools as tool_calls
 from service.api_models import ChatCompletionRequest, ChatForm, JSONObjectFormat, JSONSchemaFormat, images, text
 from service.conversation import Conversation, ResponseFormat, Sampling, Turn
 from service.engine import constraining_engines
@@ -24,8 +25,6 @@ from service.request_errors import api_error
 # Real OpenAI fields we do not implement; each would change the answer, so it is refused with this reason
 # (null, false and empty values mean "not used" and pass).
 UNSUPPORTED = {
-    "tools": "tool calling is not supported by this server",
-    "tool_choice": "tool calling is not supported by this server",
     "functions": "function calling is not supported by this server",
     "function_call": "function calling is not supported by this server",
     "logit_bias": "logit_bias is not supported by this server",
@@ -43,6 +42,7 @@ class ChatRequest:
     include_usage: bool
     model: str
     n: int = 1  # choices: one job each (service.choices)
+    tool_calls: bool = False  # the answer's <tool_call> blocks are parsed into tool_calls (service.tools)
 
 
 def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,
@@ -52,6 +52,8 @@ def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,
     if request.model not in (None, model_name):
         raise APIError(f"model '{request.model}' is not served here; use '{model_name}' (see /v1/models)", 404,
                        param="model", code="model_not_found")
+    tools = tool_calls.of_request(request)
+    tool_calls.check_history(request.messages)
     limit = request.max_completion_tokens or request.max_tokens or max_tokens_cap
     sampling = Sampling(
         max_tokens=min(limit, max_tokens_cap),
@@ -60,13 +62,14 @@ def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,
         seed=request.seed,
         stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
         ignore_eos=request.ignore_eos,
-        response_format=response_format(request),
+        response_format=tools.forced or response_format(request),
         logprobs=bool(request.logprobs),
         top_logprobs=request.top_logprobs or 0,
     )
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     turns = _turns(request, max_images, load_image)
-    return ChatRequest(Conversation(turns), sampling, request.stream, include_usage, model_name, request.n or 1)
+    return ChatRequest(Conversation(turns, tools=tools.listed), sampling, request.stream, include_usage, model_name,
+                       request.n or 1, tool_calls=tools.parse)
 
 
 def response_format(request: ChatCompletionRequest | ChatForm) -> ResponseFormat | None:
@@ -113,6 +116,6 @@ def _turns(request: ChatCompletionRequest, max_images: int, load_image) -> tuple
     for i, message in enumerate(request.messages):
         loaded = [load_image(image.url, f"messages[{i}].content[{j}].image_url", image.detail)
                   for j, image in images(message)]
-        turns.append(Turn(message.role, text(message), tuple(loaded)))
+        turns.append(Turn(message.role, text(message), tuple(loaded), tool_calls.history_calls(message)))
     return tuple(turns)
 

@@ -95,6 +95,7 @@ def render(version: str | None = None) -> str:
         lines.append(f"| {method.upper()} | [`{path}`](#{op['operationId'].lower()}) | {cell(op['summary'])} |")
     lines.append("")
     lines += limits()
+    lines += tool_calling()
     for path, method, op in ops:
         lines += [f"## {op['operationId']}", "", f"`{method.upper()} {path}`: {cell(op['summary'])}", ""]
         if op.get("requestBody"):
@@ -110,6 +111,26 @@ def render(version: str | None = None) -> str:
     for name, schema in schemas.items():
         lines += _schema_section(name, schema)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def tool_calling() -> list[str]:
+    """How tools and tool_choice work, and the OpenAI fields still refused by name (service/openai_request.py)."""
+    from service.openai_request import UNSUPPORTED
+
+    return ["## Tool calling", "",
+            "`tools` (OpenAI function tools) are listed to the model by its own chat template (Qwen3-VL's `<tools>` "
+            "system block); a call it writes (`<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>`) comes "
+            "back as `message.tool_calls` (streamed: `delta.tool_calls`, the name first, then the arguments) with "
+            "`finish_reason` `tool_calls`, and `content` the text before it (or null). Earlier calls (an assistant "
+            "message's `tool_calls`, its `content` null) and their results (`role: \"tool\"` with the "
+            "`tool_call_id` of one of them) go back in `messages`. `tool_choice`: `auto` (the default with tools) "
+            "lets the model choose; `none` never returns a call; `required` or `{\"type\": \"function\", "
+            "\"function\": {\"name\": ...}}` makes the answer one call, constrained while it is generated to one of "
+            "the chosen tools' names and its `parameters` schema, on every engine. A 400 names an unknown function, "
+            "a `parameters` schema the grammar cannot enforce, `tool_choice` without `tools`, a tool result that "
+            "answers no call, and `response_format` beside a forced call.", "",
+            "Still refused by name (400 `unsupported_parameter`), since each would change the answer: "
+            + ", ".join(f"`{name}`" for name in UNSUPPORTED) + ".", ""]
 
 
 LIMITS = ("max_input_tokens", "max_turns", "max_conversation_images", "max_images", "max_tokens", "image_max_side",

@@ -6,6 +6,7 @@ OpenVINO is imported inside each function, so importing this module stays cheap 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,9 @@ from service.errors import APIError
 
 ANY_OBJECT = '{"type": "object"}'  # json_object: a schema any JSON object follows
 SCHEMA_PARAM = "response_format.json_schema.schema"
+TOOLS_PARAM = "tools"
+# A forced tool call (service.tools) in Qwen3-VL's format: the call object between these, one newline each side.
+CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 
 
 def genai_image_tag(index: int) -> str:
@@ -33,7 +37,12 @@ def render_prompt(tokenizer, conv: Conversation, image_tag: Callable[[int], str]
     for turn in conv.turns:
         tags = "".join(image_tag(index + i) for i in range(len(turn.images)))
         index += len(turn.images)
-        messages.append({"role": turn.role, "content": tags + turn.text})
+        message = {"role": turn.role, "content": tags + turn.text}
+        if turn.tool_calls:  # the template writes each as <tool_call>{"name", "arguments"}</tool_call>
+            message["tool_calls"] = json.loads(turn.tool_calls)
+        messages.append(message)
+    if conv.tools:  # the template's own <tools> system block
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=json.loads(conv.tools))
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
@@ -57,9 +66,20 @@ def generation_config(sampling: Sampling):
     if sampling.logprobs:
         cfg.logprobs = 1  # the chosen token's: genai computes no top-k (service.logprobs)
     if sampling.response_format is not None:
-        schema = schema_text(sampling.response_format)
-        cfg.structured_output_config = ov_genai.StructuredOutputConfig(json_schema=schema)
+        cfg.structured_output_config = structured_output(sampling.response_format)
     return cfg
+
+
+def structured_output(fmt: ResponseFormat):
+    """genai's StructuredOutputConfig for a format: a JSON schema, or for a forced tool call the call object between
+    its tags as one structural tag (a Concat of the fixed text and the JSON schema)."""
+    import openvino_genai as ov_genai
+
+    config = ov_genai.StructuredOutputConfig
+    if fmt.kind != "tool_call":
+        return config(json_schema=schema_text(fmt))
+    tag = config.Concat(config.ConstString(CALL_OPEN), config.JSONSchema(fmt.schema), config.ConstString(CALL_CLOSE))
+    return config(structural_tags_config=tag)
 
 
 def schema_text(fmt: ResponseFormat) -> str:
@@ -73,7 +93,7 @@ def check_schema(fmt: ResponseFormat) -> None:
     each later step raises "cannot be called when we are already in scheduling phase"), so the schema is compiled
     here first by llguidance, which refuses what it does not implement by name (``not``, ``if``, look-around in a
     pattern, a dangling ``$ref``, an unknown ``type``) where xgrammar ignores some of those keywords."""
-    if fmt.kind != "json_schema":
+    if fmt.kind != "json_schema":  # a forced tool call's parameters were checked tool by tool (service.tools)
         return
     from llguidance import LLMatcher
 

@@ -38,8 +38,19 @@ import time
 from service.conversation import Conversation, Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
+from service.engine.genai import TOOLS_PARAM
 from service.engine.job import FINISHED, RUNNING, Job
-from service.engine.llamacpp_api import Answer, ChatStream, Endpoint, LlamaServerError, call, messages, request_body
+from service.engine.llamacpp_api import (
+    Answer,
+    ChatStream,
+    Endpoint,
+    LlamaServerError,
+    call,
+    call_tags,
+    messages,
+    request_body,
+    tool_fields,
+)
 from service.engine.llamacpp_child import (
     ChildError,
     LlamaServerChild,
@@ -94,7 +105,8 @@ class LlamaPromptLimits(PromptLimits):
         if server is None:
             raise Overloaded("llama-server is not running (restarting); retry", 503, retry_after=5)
         try:
-            prompt = call(server, "/apply-template", {"messages": messages(conv, self._marker)})["prompt"]
+            prompt = call(server, "/apply-template", {"messages": messages(conv, self._marker),
+                                                      **tool_fields(conv)})["prompt"]
             text = sum(len(call(server, "/tokenize", {"content": piece, "add_special": i == 0, "parse_special": True})
                            ["tokens"]) for i, piece in enumerate(prompt.split(self._marker)) if piece)
         except (LlamaServerError, KeyError, ValueError) as e:
@@ -110,10 +122,10 @@ class LlamaCppEngine(Engine):
 
     def check_format(self, fmt) -> None:
         if keyword := unenforced_keyword(fmt):
-            raise APIError(f"'response_format.json_schema.schema' cannot be enforced here: llama-server's grammar "
-                           f"ignores {keyword} on a number (bounds hold on integers; the serial and batching engines "
-                           f"enforce them on numbers)", param="response_format.json_schema.schema",
-                           code="unsupported_schema")
+            param = TOOLS_PARAM if fmt.kind == "tool_call" else "response_format.json_schema.schema"
+            raise APIError(f"'{param}' cannot be enforced here: llama-server's grammar ignores {keyword} on a number "
+                           f"(bounds hold on integers; the serial and batching engines enforce them on numbers)",
+                           param=param, code="unsupported_schema")
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         super().__init__(settings, metrics, pipeline_factory, model_id, memory)
@@ -219,7 +231,8 @@ class LlamaCppEngine(Engine):
         job.put(Started(reused_session=reused, images=len(conv.images), cache="miss"))
         pieces: list[str] = []
         try:
-            stream = ChatStream(self.pipeline.endpoint(), request_body(conv, job.sampling))
+            stream = ChatStream(self.pipeline.endpoint(), request_body(conv, job.sampling),
+                                tags=call_tags(job.sampling))
         except LlamaServerError as e:
             if e.status == 400:
                 raise _client_error(e, job.sampling) from None
@@ -264,7 +277,7 @@ NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 def unenforced_keyword(fmt) -> str | None:
     """A keyword of the format's schema that llama-server's JSON-schema-to-grammar converter would drop (measured:
     a number's minimum and maximum; answers of -668 and 5e+791 for minimum 12 and maximum 231), or None."""
-    if fmt.kind != "json_schema":
+    if fmt.kind not in ("json_schema", "tool_call"):  # a forced tool call: llama-server's grammar of its tools
         return None
 
     def walk(node) -> str | None:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from service.conversation import Conversation, ResponseFormat, Sampling
+from service.engine.genai import CALL_CLOSE, CALL_OPEN
 from service.images import PreparedImage
 
 STALL_TIMEOUT_S = 600.0  # longest silence from llama-server (a long prefill sends nothing) before we give up
@@ -76,6 +77,9 @@ def messages(conv: Conversation, marker: str | None = None) -> list[dict]:
     them). With ``marker``, each image is that text instead (for /apply-template, which loads no images)."""
     out = []
     for turn in conv.turns:
+        if turn.tool_calls:  # an assistant's calls, as OpenAI sends them (its template renders <tool_call>)
+            out.append({"role": turn.role, "content": turn.text, "tool_calls": json.loads(turn.tool_calls)})
+            continue
         if not turn.images:
             out.append({"role": turn.role, "content": turn.text})
             continue
@@ -95,17 +99,38 @@ def request_body(conv: Conversation, sampling: Sampling) -> dict:
         body["seed"] = sampling.seed
     if sampling.stop:
         body["stop"] = list(sampling.stop)
-    if sampling.response_format is not None:
-        body["response_format"] = response_format(sampling.response_format)
+    fmt = sampling.response_format
+    if fmt is not None:
+        body["response_format"] = response_format(fmt)
     if sampling.logprobs:
         body.update(logprobs=True, top_logprobs=sampling.top_logprobs)
-    return body
+    return {**body, **tool_fields(conv, fmt)}
+
+
+def tool_fields(conv: Conversation, fmt: ResponseFormat | None = None) -> dict:
+    """The conversation's tools for llama-server (--jinja, its default, renders them with the model's template and,
+    under tool_choice auto, parses a call the model writes into tool_calls).
+
+    A forced call is not its tool_choice required: that grammar lets any text come before the call (measured: the
+    tiny model's answers never reached a call within 600 tokens), and llama-server takes no assistant prefill with a
+    grammar ("Failed to initialize samplers"). So the call object is its response_format (tool_choice none, which
+    allows one) and the engine writes the fixed tags around it (``call_tags``)."""
+    if not conv.tools:
+        return {}
+    forced = fmt is not None and fmt.kind == "tool_call"
+    return {"tools": json.loads(conv.tools), "tool_choice": "none" if forced else "auto"}
+
+
+def call_tags(sampling: Sampling) -> tuple[str, str] | None:
+    """The text before and after the answer of a forced call: Qwen3-VL's <tool_call> tags."""
+    fmt = sampling.response_format
+    return (CALL_OPEN, CALL_CLOSE) if fmt is not None and fmt.kind == "tool_call" else None
 
 
 def response_format(fmt: ResponseFormat) -> dict:
     """The format as llama-server's OpenAI endpoint takes it: it compiles the schema to a grammar (a schema it
     cannot convert is its 400, raised before it generates); json_object is any JSON object."""
-    schema = json.loads(fmt.schema) if fmt.kind == "json_schema" else {"type": "object"}
+    schema = json.loads(fmt.schema) if fmt.schema is not None else {"type": "object"}
     return {"type": "json_schema", "json_schema": {"schema": schema}}
 
 
@@ -148,9 +173,12 @@ class ChatStream:
     """A streamed chat completion; iterate for the answer's text pieces, then read ``answer``. ``cancel`` (from any
     thread) breaks the connection, which is how llama-server learns that the client has gone and stops."""
 
-    def __init__(self, server: Endpoint, body: dict, stall_timeout: float = STALL_TIMEOUT_S):
+    def __init__(self, server: Endpoint, body: dict, stall_timeout: float = STALL_TIMEOUT_S,
+                 tags: tuple[str, str] | None = None):
         self.answer = Answer()
         self.logprobs: list[dict] = []  # llama-server's logprobs.content entries not yet taken (take_logprobs)
+        self._tags = tags  # text to put around the answer (a forced tool call's, call_tags)
+        self._calls: dict[int, dict] = {}  # llama-server's parsed tool calls by index, as they stream in
         self._conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=stall_timeout)
         self._closed = threading.Event()
         try:
@@ -165,14 +193,25 @@ class ChatStream:
             raise LlamaServerError(f"llama-server answered {self._resp.status}: {text}", self._resp.status)
 
     def __iter__(self) -> Iterator[str]:
+        if not self._tags:
+            yield from self._pieces()
+            return
+        opened = False
+        for piece in self._pieces():  # the opening tag goes out with the first generated piece, not before it
+            yield piece if opened else self._tags[0] + piece
+            opened = True
+        yield self._tags[1] if opened else "".join(self._tags)
+
+    def _pieces(self) -> Iterator[str]:
         try:
             for raw in self._resp:
                 line = raw.decode(errors="replace").strip()
                 if not line.startswith("data: "):
                     continue
                 if line == "data: [DONE]":
-                    return
+                    break
                 yield from self._chunk(json.loads(line[6:]))
+            yield from self._call_text()
         except (OSError, http.client.HTTPException, ValueError) as e:
             if not self._closed.is_set():
                 raise LlamaServerError(f"llama-server broke off the answer: {e}") from None
@@ -186,9 +225,22 @@ class ChatStream:
         for choice in chunk.get("choices") or ():
             self.answer.finish_reason = choice.get("finish_reason") or self.answer.finish_reason
             self.logprobs.extend((choice.get("logprobs") or {}).get("content") or ())
-            text = (choice.get("delta") or {}).get("content")
-            if text:
-                yield text
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                yield delta["content"]
+            for call in delta.get("tool_calls") or ():
+                entry = self._calls.setdefault(call.get("index", 0), {"name": "", "arguments": ""})
+                function = call.get("function") or {}
+                entry["name"] += function.get("name") or ""
+                entry["arguments"] += function.get("arguments") or ""
+
+    def _call_text(self) -> Iterator[str]:
+        """The calls llama-server parsed out of the answer, back as the model's text (Qwen3-VL's <tool_call> blocks),
+        so that every engine's answer is text that service.tools parses the same way (and the cache replays)."""
+        for i in sorted(self._calls):
+            call = self._calls[i]
+            yield (f'{chr(10) if i else ""}<tool_call>\n{{"name": {json.dumps(call["name"])}, "arguments": '
+                   f'{call["arguments"] or "{}"}}}\n</tool_call>')
 
     def take_logprobs(self) -> list[dict]:
         """The logprob entries received since the last call (those of the text yielded since)."""

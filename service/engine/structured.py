@@ -10,6 +10,8 @@ llguidance names, raised before any token is generated.
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from service.conversation import ResponseFormat
-from service.engine.genai import SCHEMA_PARAM, schema_text
+from service.engine.genai import CALL_CLOSE, CALL_OPEN, SCHEMA_PARAM, TOOLS_PARAM, schema_text
 from service.errors import APIError
 
 # One JSON layout: no free whitespace (with a model that rambles, a run of spaces or newlines could fill the whole
@@ -35,6 +37,7 @@ class Grammars:
         self._tokenizer_json = Path(model_dir) / "tokenizer.json"
         self.vocab_size, self._eos, self._capacity = vocab_size, list(eos), capacity
         self._tokenizer = None
+        self._added: dict[str, int] | None = None
         self._compiled: OrderedDict[ResponseFormat, object] = OrderedDict()
         self._lock = threading.RLock()
         self.compiles = 0  # formats compiled (not taken from the cache)
@@ -51,6 +54,14 @@ class Grammars:
             self._tokenizer = llguidance.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos)
         return self._tokenizer
 
+    def _added_tokens(self) -> dict[str, int]:
+        """The tokenizer's added tokens by text (read with the token table, so the file was there)."""
+        self._llg_tokenizer()
+        if self._added is None:
+            spec = json.loads(self._tokenizer_json.read_text())
+            self._added = {t["content"]: t["id"] for t in spec.get("added_tokens", ())}
+        return self._added
+
     def compiled(self, fmt: ResponseFormat):
         """The kept matcher of ``fmt`` (compiled now if it is not kept), or a 400 naming what cannot be compiled.
         Never consume tokens with it: ``constraint`` gives each answer its own copy."""
@@ -62,16 +73,17 @@ class Grammars:
                 self._compiled.move_to_end(fmt)
                 return matcher
             tokenizer = self._llg_tokenizer()
+            param = TOOLS_PARAM if fmt.kind == "tool_call" else SCHEMA_PARAM
             try:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text(fmt), defaults=JSON_OPTIONS)
+                grammar = _grammar(fmt, self._added_tokens())
             except ValueError as e:  # not a JSON object at all
-                raise _unsupported(str(e)) from None
+                raise _unsupported(str(e), param) from None
             is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
             if is_error:
-                raise _unsupported("; ".join(messages))
+                raise _unsupported("; ".join(messages), param)
             matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
             if matcher.is_error():
-                raise _unsupported(matcher.get_error())
+                raise _unsupported(matcher.get_error(), param)
             self.compiles += 1
             self._compiled[fmt] = matcher
             while len(self._compiled) > self._capacity:
@@ -83,9 +95,29 @@ class Grammars:
             return Constraint(self.compiled(fmt).deep_copy(), self.vocab_size)
 
 
-def _unsupported(reason: str) -> APIError:
-    return APIError(f"'{SCHEMA_PARAM}' cannot be enforced: {reason}", 400, param=SCHEMA_PARAM,
-                    code="unsupported_schema")
+def _grammar(fmt: ResponseFormat, added: dict[str, int]) -> str:
+    """llguidance's grammar of a format: its JSON schema, or a forced tool call as Lark, the tags around the call
+    object's schema (%json, with the same JSON layout through the schema's x-guidance options).
+
+    A tag the tokenizer has as an added token (Qwen's <tool_call>, </tool_call>) is that token (<[id]>), as the
+    model writes it: llguidance keeps added tokens apart from text, so the literal "<tool_call>" in the grammar would
+    allow the token in the mask and then refuse it when consumed (measured: "token doesn't satisfy the grammar")."""
+    import llguidance
+
+    if fmt.kind != "tool_call":
+        return llguidance.LLMatcher.grammar_from_json_schema(schema_text(fmt), defaults=JSON_OPTIONS)
+
+    def tag(text: str) -> str:
+        return " ".join(f"<[{added[t]}]>" if t in added else json.dumps(t) for t in re.split(r"(</?tool_call>)", text)
+                        if t)
+
+    schema = {**json.loads(fmt.schema), "x-guidance": JSON_OPTIONS}
+    lark = f"start: {tag(CALL_OPEN)} call {tag(CALL_CLOSE)}\ncall: %json {json.dumps(schema)}"
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def _unsupported(reason: str, param: str = SCHEMA_PARAM) -> APIError:
+    return APIError(f"'{param}' cannot be enforced: {reason}", 400, param=param, code="unsupported_schema")
 
 
 class Constraint:

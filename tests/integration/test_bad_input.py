@@ -62,10 +62,14 @@ CASES = {
     "n over 8": (lambda: json.dumps({"messages": [image_message()], "n": 9}).encode(), 400, "invalid_value"),
     "top_logprobs over 20": (lambda: json.dumps({"messages": [image_message()], "logprobs": True,
                                                  "top_logprobs": 21}).encode(), 400, "invalid_value"),
-    "tools": (lambda: json.dumps({"messages": [image_message()], "tools": [{"type": "function"}]}).encode(), 400,
-              "unsupported_parameter"),
-    "wrong role": (lambda: json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(), 400,
+    "functions": (lambda: json.dumps({"messages": [image_message()], "functions": [{"name": "f"}]}).encode(), 400,
+                  "unsupported_parameter"),
+    "tool without function": (lambda: json.dumps({"messages": [image_message()], "tools": [{"type": "function"}]})
+                              .encode(), 400, "invalid_type"),
+    "wrong role": (lambda: json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), 400,
                    "invalid_value"),
+    "orphan tool result": (lambda: json.dumps({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]})
+                           .encode(), 400, "invalid_value"),
     "last not user": (lambda: json.dumps({"messages": [image_message(), {"role": "assistant", "content": "x"}]})
                       .encode(), 400, "invalid_value"),
     "empty prompt": (lambda: json.dumps({"messages": [{"role": "user", "content": "   "}]}).encode(), 400,

@@ -48,6 +48,24 @@ def test_another_response_format_is_another_answer():
     assert len({free, obj, one, other}) == 4
 
 
+def test_tools_their_history_and_a_forced_call_are_other_answers():
+    """The tools are in the prompt, a call in the history too, and a forced call constrains the answer."""
+    from service.conversation import ResponseFormat
+
+    ask = Turn("user", "Weather?")
+    tools_a = '[{"type":"function","function":{"name":"a"}}]'
+    plain = cache_key(Conversation((ask,)), Sampling(16), "m")
+    listed = cache_key(Conversation((ask,), tools=tools_a), Sampling(16), "m")
+    assert len({plain, listed, cache_key(Conversation((ask,), tools=tools_a.replace('"a"', '"b"')), Sampling(16),
+                                         "m")}) == 3
+    forced = ResponseFormat("tool_call", '{"properties":{"name":{"const":"a"}}}')
+    assert listed != cache_key(Conversation((ask,), tools=tools_a), Sampling(16, response_format=forced), "m")
+    called = [Turn("assistant", "", tool_calls=f'[{{"id":"c","function":{{"name":"a","arguments":"{args}"}}}}]')
+              for args in ("{}", "{\\\"x\\\": 1}")]
+    keys = {cache_key(Conversation((ask, turn, Turn("tool", "42"))), Sampling(16), "m") for turn in called}
+    assert len(keys) == 2
+
+
 def test_key_never_contains_the_image():
     key = cache_key(conv(), Sampling(16), "m")
     assert len(key) == 64 and "digest" not in key
