@@ -90,10 +90,10 @@ def check_distribution(entries, top: int, greedy: bool) -> None:
             assert e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-4)
 
 
+# serial refuses logprobs (test_serial_refuses_logprobs_naming_the_engines_that_can)
+@pytest.mark.parametrize("engine", ["direct", "batching", "llamacpp"], indirect=True)
 def test_logprobs_of_a_whole_and_a_streamed_answer(engine):
     name, _, client = engine
-    if name == "serial":
-        pytest.skip("the serial engine refuses logprobs (test_serial_refuses_logprobs_naming_the_engines_that_can)")
     top = TOP[name]
     text, entries, completion = whole(client, logprobs=True, top_logprobs=top)
     assert entries and len(entries) == completion  # one entry per generated token
@@ -111,11 +111,10 @@ def test_logprobs_of_a_whole_and_a_streamed_answer(engine):
 ENTRY, TOP_ENTRY = {"token", "logprob", "bytes", "top_logprobs"}, {"token", "logprob", "bytes"}
 
 
+@pytest.mark.parametrize("engine", ["direct", "batching", "llamacpp"], indirect=True)
 def test_the_raw_json_has_openais_shape(engine):
     """The wire format itself, as a client without the SDK reads it: whole and streamed."""
     name, server, _ = engine
-    if name == "serial":
-        pytest.skip("refused")
     body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 6, "logprobs": True,
             "top_logprobs": TOP[name]}
     status, out = chat(server, body)
@@ -155,10 +154,9 @@ def test_the_top_logprobs_bound_and_logprobs_are_required(engine):
         assert (status, body["error"]["param"]) == (400, param), (extra, body)
 
 
+@pytest.mark.parametrize("engine", ["serial", "batching"], indirect=True)
 def test_serial_refuses_logprobs_naming_the_engines_that_can(engine):
     name, _, client = engine
-    if name not in ("serial", "batching"):
-        pytest.skip("direct and llamacpp give top_logprobs")
     kwargs = {"logprobs": True} if name == "serial" else {"logprobs": True, "top_logprobs": 1}
     with pytest.raises(BadRequestError) as refused:
         ask(client, **kwargs)
@@ -222,11 +220,10 @@ def prompt_ids(model: Path) -> list[int]:
     return [int(i) for i in tokenizer.encode(text, add_special_tokens=False).input_ids.data[0]]
 
 
+@pytest.mark.parametrize("engine", ["direct"], indirect=True)
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_direct_logprobs_are_the_log_softmax_of_the_language_model(engine, tiny_model, stream):
-    name, _, client = engine
-    if name != "direct":
-        pytest.skip("the direct engine's own logits")
+    client = engine[2]
     kwargs = {"logprobs": True, "top_logprobs": 5, "max_tokens": 10}
     entries = streamed(client, **kwargs)[1] if stream else whole(client, **kwargs)[1]
     assert len(entries) >= 2
@@ -243,12 +240,11 @@ def test_direct_logprobs_are_the_log_softmax_of_the_language_model(engine, tiny_
         sequence.append(chosen)
 
 
+@pytest.mark.parametrize("engine", ["direct", "llamacpp"], indirect=True)
 def test_constrained_answers_give_the_logprobs_of_the_masked_distribution(engine):
     """With a response_format the tokens the grammar forbids have no probability: the entries renormalise over the
     allowed ones (direct), and the tokens are still the answer."""
     name, _, client = engine
-    if name not in ("direct", "llamacpp"):
-        pytest.skip("top_logprobs: direct and llamacpp")
     text, entries, _ = whole(client, logprobs=True, top_logprobs=5, max_tokens=40, temperature=1.0, seed=5,
                              response_format={"type": "json_object"})
     tokens = joined(entries)
