@@ -96,6 +96,7 @@ def render(version: str | None = None) -> str:
     lines.append("")
     lines += limits()
     lines += tool_calling()
+    lines += engines()
     for path, method, op in ops:
         lines += [f"## {op['operationId']}", "", f"`{method.upper()} {path}`: {cell(op['summary'])}", ""]
         if op.get("requestBody"):
@@ -131,6 +132,33 @@ def tool_calling() -> list[str]:
             "answers no call, and `response_format` beside a forced call.", "",
             "Still refused by name (400 `unsupported_parameter`), since each would change the answer: "
             + ", ".join(f"`{name}`" for name in UNSUPPORTED) + ".", ""]
+
+
+def engines() -> list[str]:
+    """What each engine (VLFLEET_ENGINE) gives of the request fields that depend on it, from the engines' classes."""
+    from service.engine import ENGINES
+
+    def mark(yes: bool, note: str = "") -> str:
+        return ("yes" if yes else "no (400)") + (f": {note}" if note else "")
+
+    rows = {
+        "`response_format` (`json_object`, `json_schema`), a forced tool call (`tool_choice` `required` or named)":
+            lambda e: mark(e.constrains_output, e.format_limits and f"refuses {e.format_limits}"),
+        "`tools`, `tool_choice` `auto` / `none`, `role: \"tool\"` messages": lambda e: "yes",
+        "`logprobs`": lambda e: mark(e.top_logprobs is not None, "the chosen token's" if e.top_logprobs == 0 else ""),
+        "`top_logprobs` (0-20)": lambda e: (f"up to {e.top_logprobs}" if e.top_logprobs else
+                                            "0 only" if e.top_logprobs == 0 else "no (400)"),
+        "`n` (1-8)": lambda e: "side by side" if not e.estimates_wait else "one after another",
+        "`stream_options.include_usage`": lambda e: "yes",
+    }
+    lines = ["## Fields by engine", "",
+             "Every field of a request is validated the same way on every host; these depend on the host's engine "
+             "(`VLFLEET_ENGINE`, [engines.md](engines.md)). A field the engine cannot honour is a 400 "
+             "(`unsupported_parameter`) that names the engines that can, never ignored.", "",
+             "| field | " + " | ".join(ENGINES) + " |", "|---|" + "---|" * len(ENGINES)]
+    lines += [f"| {name} | " + " | ".join(cell(give(engine)) for engine in ENGINES.values()) + " |"
+              for name, give in rows.items()]
+    return [*lines, ""]
 
 
 LIMITS = ("max_input_tokens", "max_turns", "max_conversation_images", "max_images", "max_tokens", "image_max_side",

@@ -45,6 +45,8 @@ class Engine:
     constrains_output = False
     # The most top_logprobs entries per token the engine computes (service.logprobs); None: no token logprobs at all.
     top_logprobs: int | None = None
+    # What of a schema its grammar cannot hold, refused by check_format (docs/api.md's engine table says it).
+    format_limits = ""
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):
         self.settings = settings

@@ -119,6 +119,7 @@ class LlamaCppEngine(Engine):
 
     constrains_output = True  # llama-server compiles response_format's schema to a grammar (llama_api.request_body)
     top_logprobs = 20  # llama-server's OpenAI endpoint computes them (service.logprobs.from_llama)
+    format_limits = "bounds on a non-integer number (its grammar ignores them)"
 
     def check_format(self, fmt) -> None:
         if keyword := unenforced_keyword(fmt):
