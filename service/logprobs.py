@@ -17,8 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from service.errors import APIError
-
 TOP_MAX = 20  # OpenAI's bound on top_logprobs
 
 
@@ -89,18 +87,3 @@ def from_llama(content: list[dict] | None) -> list[dict]:
 
 def _llama_bytes(item: dict) -> bytes:
     return bytes(item["bytes"]) if item.get("bytes") is not None else item.get("token", "").encode()
-
-
-def refusal(sampling, engine, name: str) -> APIError | None:
-    """The 400 for logprobs this host's engine cannot give (``engine.top_logprobs``: the most top entries it
-    computes, None for no logprobs at all), naming the engines that can."""
-    from service.engine import logprob_engines
-
-    limit = engine.top_logprobs
-    if not sampling.logprobs or (limit is not None and sampling.top_logprobs <= limit):
-        return None
-    field = "logprobs" if limit is None else "top_logprobs"
-    what = "token logprobs" if limit is None else f"top_logprobs over {limit}"
-    return APIError(f"'{field}': {what} are not supported by this host's engine ({name}); the engines that give "
-                    f"them: {', '.join(logprob_engines(sampling.top_logprobs))} (VLFLEET_ENGINE)",
-                    param=field, code="unsupported_parameter")

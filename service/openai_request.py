@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from service import tools as tool_calls
 from service.api_models import ChatCompletionRequest, ChatForm, JSONObjectFormat, JSONSchemaFormat, images, text
 from service.conversation import Conversation, ResponseFormat, Sampling, Turn
-from service.engine import constraining_engines
+from service.engine import constraining_engines, logprob_engines
 from service.errors import APIError
 from service.images import PreparedImage
 from service.request_errors import api_error
@@ -119,3 +119,15 @@ def _turns(request: ChatCompletionRequest, max_images: int, load_image) -> tuple
         turns.append(Turn(message.role, text(message), tuple(loaded), tool_calls.history_calls(message)))
     return tuple(turns)
 
+
+def logprobs_refusal(sampling, engine, name: str) -> APIError | None:
+    """The 400 for logprobs this host's engine cannot give (``engine.top_logprobs``: the most top entries it
+    computes, None for no logprobs at all), naming the engines that can."""
+    limit = engine.top_logprobs
+    if not sampling.logprobs or (limit is not None and sampling.top_logprobs <= limit):
+        return None
+    field = "logprobs" if limit is None else "top_logprobs"
+    what = "token logprobs" if limit is None else f"top_logprobs over {limit}"
+    return APIError(f"'{field}': {what} are not supported by this host's engine ({name}); the engines that give "
+                    f"them: {', '.join(logprob_engines(sampling.top_logprobs))} (VLFLEET_ENGINE)",
+                    param=field, code="unsupported_parameter")

@@ -26,130 +26,51 @@ SPECIAL_TOKENS = [
 TEXT_TOKENS = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
                "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
 
-# Qwen3-VL-Instruct's own chat template (the tokenizer_config.json / chat_template.json of the published
-# checkpoints), verbatim: its tools block (<tools> in the system turn), <tool_call> answers and role "tool" turns
-# (<tool_response>) are what the service's tool calling renders and parses, so the tests exercise the real format.
-CHAT_TEMPLATE = r"""{%- if tools %}
-    {{- '<|im_start|>system\n' }}
-    {%- if messages[0].role == 'system' %}
-        {%- if messages[0].content is string %}
-            {{- messages[0].content }}
-        {%- else %}
-            {%- for content in messages[0].content %}
-                {%- if 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '\n\n' }}
-    {%- endif %}
-    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
-{%- else %}
-    {%- if messages[0].role == 'system' %}
-        {{- '<|im_start|>system\n' }}
-        {%- if messages[0].content is string %}
-            {{- messages[0].content }}
-        {%- else %}
-            {%- for content in messages[0].content %}
-                {%- if 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- endif %}
-{%- endif %}
-{%- set image_count = namespace(value=0) %}
-{%- set video_count = namespace(value=0) %}
-{%- for message in messages %}
-    {%- if message.role == "user" %}
-        {{- '<|im_start|>' + message.role + '\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content in message.content %}
-                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
-                    {%- set image_count.value = image_count.value + 1 %}
-                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
-                    <|vision_start|><|image_pad|><|vision_end|>
-                {%- elif content.type == 'video' or 'video' in content %}
-                    {%- set video_count.value = video_count.value + 1 %}
-                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
-                    <|vision_start|><|video_pad|><|vision_end|>
-                {%- elif 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role + '\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content_item in message.content %}
-                {%- if 'text' in content_item %}
-                    {{- content_item.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {%- if message.tool_calls %}
-            {%- for tool_call in message.tool_calls %}
-                {%- if (loop.first and message.content) or (not loop.first) %}
-                    {{- '\n' }}
-                {%- endif %}
-                {%- if tool_call.function %}
-                    {%- set tool_call = tool_call.function %}
-                {%- endif %}
-                {{- '<tool_call>\n{"name": "' }}
-                {{- tool_call.name }}
-                {{- '", "arguments": ' }}
-                {%- if tool_call.arguments is string %}
-                    {{- tool_call.arguments }}
-                {%- else %}
-                    {{- tool_call.arguments | tojson }}
-                {%- endif %}
-                {{- '}\n</tool_call>' }}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content in message.content %}
-                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
-                    {%- set image_count.value = image_count.value + 1 %}
-                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
-                    <|vision_start|><|image_pad|><|vision_end|>
-                {%- elif content.type == 'video' or 'video' in content %}
-                    {%- set video_count.value = video_count.value + 1 %}
-                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
-                    <|vision_start|><|video_pad|><|vision_end|>
-                {%- elif 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""  # noqa: E501 (verbatim: the template's own long lines)
+# The chat format of Qwen3-VL-Instruct's template, written for the synthetic checkpoint (the real checkpoint brings
+# its own): images as vision tags in their turns; with tools, a system turn listing them as JSON lines in <tools>;
+# an assistant's calls as <tool_call>{"name", "arguments"}</tool_call> blocks; tool results as <tool_response>
+# blocks in one user turn. Those are what the service's tool calling renders, constrains and parses (service.tools),
+# and what llama-server recognises in a template (Hermes-style calls).
+CHAT_TEMPLATE = r"""
+{%- macro text(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- else -%}{%- for part in content -%}
+{%- if part.type == 'image' or 'image' in part or 'image_url' in part -%}<|vision_start|><|image_pad|><|vision_end|>
+{%- elif part.type == 'video' or 'video' in part -%}<|vision_start|><|video_pad|><|vision_end|>
+{%- elif 'text' in part -%}{{- part.text -}}{%- endif -%}
+{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
+{%- set system = messages[0].role == 'system' -%}
+{%- if tools -%}
+{{- '<|im_start|>system\n' -}}{%- if system -%}{{- text(messages[0].content) + '\n\n' -}}{%- endif -%}
+{{- '# Tools\n\nFunctions you may call, one JSON signature per line:\n<tools>' -}}
+{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\n</tools>\n\nTo call one, answer with its name and arguments as a JSON object in tags:\n<tool_call>\n' -}}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- elif system -%}
+{{- '<|im_start|>system\n' + text(messages[0].content) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) -%}
+{{- '<|im_start|>' + message.role + '\n' + text(message.content) + '<|im_end|>\n' -}}
+{%- elif message.role == 'assistant' -%}
+{{- '<|im_start|>assistant\n' -}}{%- if message.content -%}{{- text(message.content) -}}{%- endif -%}
+{%- for call in message.tool_calls or [] -%}
+{%- set call = call.function or call -%}
+{%- if message.content or not loop.first -%}{{- '\n' -}}{%- endif -%}
+{{- '<tool_call>\n{"name": "' + call.name + '", "arguments": ' -}}
+{{- call.arguments if call.arguments is string else (call.arguments | tojson) -}}
+{{- '}\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\n' -}}
+{%- elif message.role == 'tool' -%}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\n<tool_response>\n' + text(message.content) + '\n</tool_response>' -}}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}{%- endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
 
 CORPUS = """
 A photo of a red bicycle leaning against a brick wall in the afternoon sun. Two cats sleep on a

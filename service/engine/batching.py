@@ -20,6 +20,7 @@ from service.detokenize import IncrementalDecoder
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
 from service.engine.genai import (
+    check_bounds,
     check_schema,
     generation_config,
     image_tensors,
@@ -61,8 +62,11 @@ class BatchingEngine(Engine):
     def token_bytes(self) -> TokenBytes:
         return TokenBytes(self.settings.model_dir / "tokenizer.json")
 
+    format_limits = "bounds on a number that are not whole numbers (its grammar mis-reads them)"
+
     def check_format(self, fmt) -> None:
         check_schema(fmt)  # before add_request: a schema xgrammar cannot compile would break the pipeline's steps
+        check_bounds(fmt)
 
     def _load(self):
         return load_batching_pipeline(self.settings)

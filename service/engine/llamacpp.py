@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import math
 import re
@@ -38,7 +37,7 @@ import time
 from service.conversation import Conversation, Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
-from service.engine.genai import TOOLS_PARAM
+from service.engine.genai import TOOLS_PARAM, number_bound
 from service.engine.job import FINISHED, RUNNING, Job
 from service.engine.llamacpp_api import (
     Answer,
@@ -272,27 +271,10 @@ class LlamaCppEngine(Engine):
             self.metrics.reused_prompt_tokens.inc(cached)
 
 
-NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-
-
 def unenforced_keyword(fmt) -> str | None:
     """A keyword of the format's schema that llama-server's JSON-schema-to-grammar converter would drop (measured:
     a number's minimum and maximum; answers of -668 and 5e+791 for minimum 12 and maximum 231), or None."""
-    if fmt.kind not in ("json_schema", "tool_call"):  # a forced tool call: llama-server's grammar of its tools
-        return None
-
-    def walk(node) -> str | None:
-        if isinstance(node, list):
-            return next((k for k in map(walk, node) if k), None)
-        if not isinstance(node, dict):
-            return None
-        kinds = node.get("type")
-        bound = next((k for k in NUMBER_BOUNDS if k in node), None)
-        if bound and "number" in (kinds if isinstance(kinds, list) else [kinds]):
-            return bound
-        return next((k for k in map(walk, node.values()) if k), None)
-
-    return walk(json.loads(fmt.schema))
+    return number_bound(fmt)
 
 
 def _cancel_on_hangup(job: Job, stream: ChatStream, finished: threading.Event) -> None:

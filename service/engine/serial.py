@@ -14,6 +14,7 @@ from service.detokenize import token_streamer
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
 from service.engine.genai import (
+    check_bounds,
     check_schema,
     generation_config,
     grammar_error,
@@ -31,8 +32,11 @@ class SerialEngine(Engine):
     # top_logprobs stays None: VLMPipeline's results and streamer carry no per-token logprobs (a whole answer's
     # score only), so the serial engine refuses logprobs (service.logprobs.refusal).
 
+    format_limits = "bounds on a number that are not whole numbers (its grammar mis-reads them)"
+
     def check_format(self, fmt) -> None:
         check_schema(fmt)
+        check_bounds(fmt)
 
     def _load(self):
         return load_pipeline(self.settings)

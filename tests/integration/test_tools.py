@@ -189,19 +189,26 @@ def test_bad_tool_requests_are_400s_naming_the_field(engine):
 
 
 def test_number_bounds_hold_or_are_refused(engine):
-    """A number's bounds hold in the call (serial, batching, direct); llama-server's grammar drops them, so its
-    engine says so (400) rather than answer outside them."""
+    """A number's bounds hold in the call: fractional ones on direct, whole-number ones on serial and batching.
+    llama-server's grammar drops number bounds and openvino-genai's mis-reads fractional ones (its decimal point
+    matches any character: answers like '0(5'), so those engines say so (400) rather than answer outside them."""
     name, _, client = engine
-    parameters = {"type": "object", "properties": {"share": {"type": "number", "minimum": 0.5, "maximum": 2}},
-                  "required": ["share"], "additionalProperties": False}
-    tools = [{"type": "function", "function": {"name": "tip", "parameters": parameters}}]
-    args = {"messages": [QUESTION], "tools": tools, "tool_choice": "required"}
-    if name == "llamacpp":
+
+    def bounded(low, high) -> dict:
+        parameters = {"type": "object", "properties": {"share": {"type": "number", "minimum": low, "maximum": high}},
+                      "required": ["share"], "additionalProperties": False}
+        return {"messages": [QUESTION], "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "tip", "parameters": parameters}}]}
+
+    if name != "direct":
         with pytest.raises(BadRequestError) as refused:
-            calls_of(client, False, **args)
-        assert refused.value.body["param"] == "tools"
+            calls_of(client, False, **bounded(0.5, 2))
+        assert refused.value.body["param"] == "tools" and "minimum" in refused.value.body["message"]
+    if name == "llamacpp":
         return
+    request = bounded(0.5, 2) if name == "direct" else bounded(1, 20)
+    parameters = request["tools"][0]["function"]["parameters"]
     for seed in range(3):
-        calls, _, finish = calls_of(client, seed % 2 == 1, seed=400 + seed, **args)
+        calls, _, finish = calls_of(client, seed % 2 == 1, seed=400 + seed, **request)
         assert [c["name"] for c in calls] == ["tip"] and finish == "tool_calls"
         jsonschema.validate(json.loads(calls[0]["arguments"]), parameters)

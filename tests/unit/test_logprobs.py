@@ -13,7 +13,8 @@ from service.answer_cache import cache_key
 from service.choices import sampling_of, usage
 from service.conversation import Conversation, Sampling, Timings, Turn
 from service.engine import ENGINES, logprob_engines
-from service.logprobs import TokenBytes, from_llama, from_logits, refusal
+from service.logprobs import TokenBytes, from_llama, from_logits
+from service.openai_request import logprobs_refusal as refusal
 
 
 @pytest.fixture
