@@ -24,6 +24,17 @@ def service(tiny_model, tmp_path_factory):
     server.stop()
 
 
+def start_engine(name: str, request, tmp_path_factory, **env: str) -> servers.Server:
+    """The service on engine ``name``: over the tiny model, or for llamacpp over its GGUF with the project's
+    llama-server (the requesting module imports test_llamacpp_engine's tiny_gguf and llama_server fixtures)."""
+    log_dir = tmp_path_factory.mktemp(f"{request.module.__name__.rsplit('.', 1)[-1]}-{name}")
+    if name == "llamacpp":
+        gguf, binary = request.getfixturevalue("tiny_gguf"), request.getfixturevalue("llama_server")
+        return servers.start(gguf, log_dir, VLFLEET_ENGINE="llamacpp", VLFLEET_LLAMACPP_SERVER=str(binary),
+                             VLFLEET_LLAMACPP_START_TIMEOUT="120", **env)
+    return servers.start(request.getfixturevalue("tiny_model"), log_dir, VLFLEET_ENGINE=name, **env)
+
+
 def chat_text(client, stream: bool, **kwargs) -> tuple[str, str | None]:
     """A chat completion's text and finish reason with the openai SDK, streamed or not."""
     if not stream:

@@ -21,7 +21,7 @@ import requests
 from openai import BadRequestError, OpenAI
 
 from service.logprobs import TOP_MAX
-from tests import servers
+from tests.integration.conftest import start_engine
 from tests.integration.test_bad_input import chat
 from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
 
@@ -35,19 +35,10 @@ ENV = {"VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_PRECISION": "f32", "VLFLEET_KV_P
        "VLFLEET_DQ_GROUP_SIZE": "0", "VLFLEET_MAX_TOKENS": "4096"}
 
 
-def start_engine(name: str, request, tmp_path_factory) -> servers.Server:
-    log_dir = tmp_path_factory.mktemp(f"logprobs-{name}")
-    if name == "llamacpp":
-        gguf, binary = request.getfixturevalue("tiny_gguf"), request.getfixturevalue("llama_server")
-        return servers.start(gguf, log_dir, VLFLEET_ENGINE="llamacpp", VLFLEET_LLAMACPP_SERVER=str(binary),
-                             VLFLEET_LLAMACPP_START_TIMEOUT="120", **ENV)
-    return servers.start(request.getfixturevalue("tiny_model"), log_dir, VLFLEET_ENGINE=name, **ENV)
-
-
 @pytest.fixture(scope="module", params=["direct", "serial", "batching", "llamacpp"])
 def engine(request, tmp_path_factory):
     """(name, service, openai client) of each engine, the answer cache off."""
-    server = start_engine(request.param, request, tmp_path_factory)
+    server = start_engine(request.param, request, tmp_path_factory, **ENV)
     yield request.param, server, OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     server.stop()
 

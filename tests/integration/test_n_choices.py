@@ -13,9 +13,10 @@ import pytest
 import requests
 from openai import OpenAI
 
+from tests.integration.conftest import start_engine
 from tests.integration.test_bad_input import chat
 from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
-from tests.integration.test_logprobs import start_engine
+from tests.integration.test_logprobs import ENV
 
 MODEL = "qwen3-vl-2b-instruct"
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
@@ -23,7 +24,7 @@ MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture(scope="module", params=["direct", "serial", "batching", "llamacpp"])
 def engine(request, tmp_path_factory):
-    server = start_engine(request.param, request, tmp_path_factory)
+    server = start_engine(request.param, request, tmp_path_factory, **ENV)
     yield request.param, server, OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     server.stop()
 

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests import servers
+from tests.integration.conftest import start_engine
 from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
 from tests.integration.test_response_format import post
 
@@ -56,16 +56,10 @@ PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module", params=["serial", "batching", "direct", "llamacpp"])
-def engine(request, tiny_model, tmp_path_factory):
+def engine(request, tmp_path_factory):
     """(name, service, client) of each engine, the answer cache off."""
     name = request.param
-    log_dir = tmp_path_factory.mktemp(f"tools-{name}")
-    if name == "llamacpp":
-        gguf, binary = request.getfixturevalue("tiny_gguf"), request.getfixturevalue("llama_server")
-        server = servers.start(gguf, log_dir, VLFLEET_ENGINE="llamacpp", VLFLEET_LLAMACPP_SERVER=str(binary),
-                               VLFLEET_LLAMACPP_START_TIMEOUT="120", **ENV)
-    else:
-        server = servers.start(tiny_model, log_dir, VLFLEET_ENGINE=name, **ENV)
+    server = start_engine(name, request, tmp_path_factory, **ENV)
     client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=180)
     yield name, server, client
     server.stop()
