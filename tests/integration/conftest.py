@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from tests import servers
+from tests.prereq import require_tools
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +26,28 @@ def service(tiny_model, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def llama_server() -> Path:
+    """The cached test build, or a build now (once per machine and CPU)."""
+    from ops.llamacpp import build
+
+    config = build.test_config()
+    if build.find(config) is None:
+        require_tools("cmake", "c++", "make")
+    return build.build(config).binary("llama-server")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tiny_checkpoint) -> Path:
+    """The tiny checkpoint as the default GGUF artifact (Q4_0 language model, q8_0 vision projector)."""
+    from ops.llamacpp import build, gguf
+
+    return gguf.cached("tiny", build_config=build.test_config())
+
+
 def start_engine(name: str, request, tmp_path_factory, **env: str) -> servers.Server:
     """The service on engine ``name``: over the tiny model, or for llamacpp over its GGUF with the project's
-    llama-server (the requesting module imports test_llamacpp_engine's tiny_gguf and llama_server fixtures)."""
+    llama-server."""
     log_dir = tmp_path_factory.mktemp(f"{request.module.__name__.rsplit('.', 1)[-1]}-{name}")
     if name == "llamacpp":
         gguf, binary = request.getfixturevalue("tiny_gguf"), request.getfixturevalue("llama_server")

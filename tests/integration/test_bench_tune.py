@@ -6,18 +6,8 @@ and one of them is picked."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
-import pytest
 
 from ops.bench import suite
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tiny_checkpoint) -> Path:
-    from ops.llamacpp import build, gguf
-
-    return gguf.cached("tiny", build_config=build.test_config())
 
 
 def test_a_llama_server_that_dies_while_loading_is_a_failed_candidate_and_tune_picks_another(tiny_model, tiny_gguf,

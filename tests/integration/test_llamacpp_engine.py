@@ -21,30 +21,10 @@ from openai import OpenAI
 
 from tests import servers
 from tests.integration.conftest import image_message, png_bytes
-from tests.prereq import require_tools
 
 MODEL = "qwen3-vl-2b-instruct"
 LIMIT = 2048  # VLFLEET_MAX_INPUT_TOKENS of the module's service
 MAX_TOKENS = 30000  # long enough that an ignore_eos answer is still running when the client hangs up
-
-
-@pytest.fixture(scope="module")
-def llama_server() -> Path:
-    """The cached test build, or a build now (once per machine and CPU)."""
-    from ops.llamacpp import build
-
-    config = build.test_config()
-    if build.find(config) is None:
-        require_tools("cmake", "c++", "make")
-    return build.build(config).binary("llama-server")
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tiny_checkpoint) -> Path:
-    """The tiny checkpoint as the default GGUF artifact (Q4_0 language model, q8_0 vision projector)."""
-    from ops.llamacpp import build, gguf
-
-    return gguf.cached("tiny", build_config=build.test_config())
 
 
 def start(tiny_gguf: Path, llama_server: Path, log_dir: Path, **env: str) -> servers.Server:

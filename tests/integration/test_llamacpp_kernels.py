@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from ops.model.synth import SHAPES, Shape
-from tests.prereq import require_tools
 
 MiB = 1024 * 1024
 Q4_0_BYTES_PER_WEIGHT = 18 / 32  # a block: 32 4-bit weights and one f16 scale
@@ -41,16 +40,6 @@ def repack_conditions(shape: Shape) -> dict[str, bool]:
     return {"every Q4_0 matrix repacked (rows % 8)": all(rows % 8 == 0 for _, rows in q4_0_matrices(shape)),
             "Q4_0 columns in whole blocks (% 32)": all(cols % 32 == 0 for cols, _ in q4_0_matrices(shape)),
             "output matrix Q6_K (hidden % 256)": shape.hidden % 256 == 0}
-
-
-@pytest.fixture(scope="module")
-def llama_server() -> Path:
-    from ops.llamacpp import build
-
-    config = build.test_config()
-    if build.find(config) is None:
-        require_tools("cmake", "c++", "make")
-    return build.build(config).binary("llama-server")
 
 
 @pytest.fixture(scope="module")

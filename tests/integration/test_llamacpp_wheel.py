@@ -60,13 +60,6 @@ def installed(wheel, tmp_path_factory) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tiny_checkpoint) -> Path:
-    from ops.llamacpp import build, gguf
-
-    return gguf.cached("tiny", build_config=build.test_config())
-
-
 def test_the_wheel_holds_llama_server_and_its_build_libraries_with_a_true_record(wheel, test_build):
     key = test_build.root.name.split("-", 1)[1]
     assert wheel.name == f"{PACKAGE}-{test_build.info['version']}+{key}-py3-none-linux_x86_64.whl"

@@ -23,7 +23,6 @@ from openai import BadRequestError, OpenAI
 from service.logprobs import TOP_MAX
 from tests.integration.conftest import start_engine
 from tests.integration.test_bad_input import chat
-from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
 
 MODEL = "qwen3-vl-2b-instruct"
 QUESTION = "Describe the weather in three words."

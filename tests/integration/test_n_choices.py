@@ -15,7 +15,6 @@ from openai import OpenAI
 
 from tests.integration.conftest import start_engine
 from tests.integration.test_bad_input import chat
-from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
 from tests.integration.test_logprobs import ENV
 
 MODEL = "qwen3-vl-2b-instruct"

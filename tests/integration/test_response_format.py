@@ -29,7 +29,6 @@ from service.engine import ENGINES, constraining_engines
 from service.engine.llamacpp import unenforced_keyword
 from tests import servers
 from tests.integration.conftest import chat_text, start_engine
-from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
 
 MODEL = "qwen3-vl-2b-instruct"
 SCHEMAS = 20

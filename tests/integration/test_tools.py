@@ -18,7 +18,6 @@ import pytest
 from openai import BadRequestError, OpenAI
 
 from tests.integration.conftest import start_engine
-from tests.integration.test_llamacpp_engine import llama_server, tiny_gguf  # noqa: F401 (fixtures)
 from tests.integration.test_response_format import post
 
 MODEL = "qwen3-vl-2b-instruct"
