@@ -13,11 +13,12 @@ usage chunk after the last.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 
 from service.conversation import Sampling, Timings
-from service.engine import KEEPALIVE, Done, Event, Failed, Job
-from service.streaming import JobStream
+from service.engine import Done, Event, Job
+from service.streaming import JobStream, sse_body
 
 SEED_SPACE = 2**63  # the API's seed bound
 
@@ -74,14 +75,8 @@ def sse_choices(streams: list[JobStream], render: Callable[[int, Event], str | N
     that goes away cancels every choice, the ones not read yet included."""
     try:
         for i, stream in enumerate(streams):
-            for event in stream.events():
-                if event is KEEPALIVE:
-                    yield keepalive
-                    continue
-                text = render(i, event)
-                if text:
-                    yield text
-                if isinstance(event, Failed):
-                    return
+            yield from sse_body(stream, functools.partial(render, i), keepalive)
+            if stream.failed:
+                return
     finally:
         cancel([s.job for s in streams])

@@ -26,6 +26,7 @@ class JobStream:
         self._head: list[Event] = []
         self.started: Started | None = None
         self.logprobs: list[dict] = []  # every Token's logprob entries so far (a whole answer's choices[].logprobs)
+        self.failed = False  # the job ended with Failed
 
     def wait_started(self) -> dict[str, str]:
         """Block until the job starts; raise its error (503 queue timeout, ...) if it fails instead.
@@ -63,6 +64,7 @@ class JobStream:
                 self.metrics.ttft.observe(self.first_token_at - self.started_at)
         elif isinstance(event, Done) and self.metrics:
             self._count(event.timings)
+        self.failed = self.failed or isinstance(event, Failed)
         return event
 
     def _count(self, timings: Timings) -> None:

@@ -20,6 +20,7 @@ from service.detokenize import IncrementalDecoder
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
 from service.engine.genai import (
+    BOUNDS_LIMIT,
     check_bounds,
     check_schema,
     generation_config,
@@ -57,12 +58,11 @@ class BatchingEngine(Engine):
     estimates_wait = False
     constrains_output = True  # genai's StructuredOutputConfig (xgrammar) on each request's GenerationConfig
     top_logprobs = 0  # genai's generated_log_probs: the chosen token's logprob, no top-k (service.logprobs)
+    format_limits = BOUNDS_LIMIT
 
     @functools.cached_property
     def token_bytes(self) -> TokenBytes:
         return TokenBytes(self.settings.model_dir / "tokenizer.json")
-
-    format_limits = "bounds on a number that are not whole numbers (its grammar mis-reads them)"
 
     def check_format(self, fmt) -> None:
         check_schema(fmt)  # before add_request: a schema xgrammar cannot compile would break the pipeline's steps

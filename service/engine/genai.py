@@ -131,6 +131,10 @@ def number_bound(fmt: ResponseFormat, fractional: bool = False) -> str | None:
     return walk(json.loads(fmt.schema))
 
 
+# The genai engines' Engine.format_limits: what check_bounds refuses.
+BOUNDS_LIMIT = "bounds on a number that are not whole numbers (its grammar mis-reads them)"
+
+
 def check_bounds(fmt: ResponseFormat) -> None:
     """The 400 for a fractional bound on a number, which genai 2026.4.1's grammar compiles wrong: the bound's
     decimal point matches any character (measured on the serial engine, minimum 0.5 and maximum 2: 8 answers of 20

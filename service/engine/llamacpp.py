@@ -124,7 +124,7 @@ class LlamaCppEngine(Engine):
         if keyword := unenforced_keyword(fmt):
             param = TOOLS_PARAM if fmt.kind == "tool_call" else "response_format.json_schema.schema"
             raise APIError(f"'{param}' cannot be enforced here: llama-server's grammar ignores {keyword} on a number "
-                           f"(bounds hold on integers; the serial and batching engines enforce them on numbers)",
+                           f"(bounds hold on integers; the direct engine enforces them on numbers)",
                            param=param, code="unsupported_schema")
 
     def __init__(self, settings, metrics=None, pipeline_factory=None, model_id: str = "", memory=None):

@@ -14,6 +14,7 @@ from service.detokenize import token_streamer
 from service.engine.base import Engine, warmup_conversation
 from service.engine.events import Started, Token
 from service.engine.genai import (
+    BOUNDS_LIMIT,
     check_bounds,
     check_schema,
     generation_config,
@@ -32,7 +33,7 @@ class SerialEngine(Engine):
     # top_logprobs stays None: VLMPipeline's results and streamer carry no per-token logprobs (a whole answer's
     # score only), so the serial engine refuses logprobs (service.logprobs.refusal).
 
-    format_limits = "bounds on a number that are not whole numbers (its grammar mis-reads them)"
+    format_limits = BOUNDS_LIMIT
 
     def check_format(self, fmt) -> None:
         check_schema(fmt)
