@@ -31,8 +31,7 @@ def chat_completions():
     parsed = openai_request.parse(json_body(), settings.model_name, settings.max_tokens, settings.max_images,
                                   state.load_image)
     openai_request.require_constraining(parsed.sampling.response_format, state.engine, settings.engine)
-    if refused := openai_request.logprobs_refusal(parsed.sampling, state.engine, settings.engine):
-        raise refused
+    openai_request.require_logprobs(parsed.sampling, state.engine, settings.engine)
     jobs = choices.submit(state.engine, parsed, g.request_id, routing.max_wait(request.headers))
     streams = [JobStream(job, settings.queue_timeout, state.metrics, started_at=g.started_at) for job in jobs]
     headers = choices.wait_started(streams)

@@ -120,14 +120,14 @@ def _turns(request: ChatCompletionRequest, max_images: int, load_image) -> tuple
     return tuple(turns)
 
 
-def logprobs_refusal(sampling, engine, name: str) -> APIError | None:
-    """The 400 for logprobs this host's engine cannot give (``engine.top_logprobs``: the most top entries it
-    computes, None for no logprobs at all), naming the engines that can."""
+def require_logprobs(sampling: Sampling, engine: Any, engine_name: str) -> None:
+    """Logprobs this host's engine cannot give (``engine.top_logprobs``: the most top entries it computes, None for
+    no logprobs at all) are refused (400), naming the engines that can."""
     limit = engine.top_logprobs
     if not sampling.logprobs or (limit is not None and sampling.top_logprobs <= limit):
-        return None
+        return
     field = "logprobs" if limit is None else "top_logprobs"
     what = "token logprobs" if limit is None else f"top_logprobs over {limit}"
-    return APIError(f"'{field}': {what} are not supported by this host's engine ({name}); the engines that give "
-                    f"them: {', '.join(logprob_engines(sampling.top_logprobs))} (VLFLEET_ENGINE)",
-                    param=field, code="unsupported_parameter")
+    raise APIError(f"'{field}': {what} are not supported by this host's engine ({engine_name}); the engines that "
+                   f"give them: {', '.join(logprob_engines(sampling.top_logprobs))} (VLFLEET_ENGINE)",
+                   param=field, code="unsupported_parameter")

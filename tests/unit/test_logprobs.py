@@ -13,8 +13,9 @@ from service.answer_cache import cache_key
 from service.choices import sampling_of, usage
 from service.conversation import Conversation, Sampling, Timings, Turn
 from service.engine import ENGINES, logprob_engines
+from service.errors import APIError
 from service.logprobs import TokenBytes, from_llama, from_logits
-from service.openai_request import logprobs_refusal as refusal
+from service.openai_request import require_logprobs
 
 
 @pytest.fixture
@@ -61,13 +62,15 @@ def test_each_engine_refuses_what_it_cannot_give():
     assert logprob_engines() == ["direct", "batching", "llamacpp"]
     assert logprob_engines(1) == ["direct", "llamacpp"]
     asked = Sampling(8, logprobs=True, top_logprobs=3)
-    serial = refusal(Sampling(8, logprobs=True), ENGINES["serial"], "serial")
-    assert (serial.param, serial.status) == ("logprobs", 400) and "(serial)" in serial.message
-    batching = refusal(asked, ENGINES["batching"], "batching")
-    assert batching.param == "top_logprobs" and "direct, llamacpp" in batching.message
-    assert refusal(Sampling(8, logprobs=True), ENGINES["batching"], "batching") is None
-    assert refusal(asked, ENGINES["direct"], "direct") is None
-    assert refusal(Sampling(8), ENGINES["serial"], "serial") is None
+    with pytest.raises(APIError) as serial:
+        require_logprobs(Sampling(8, logprobs=True), ENGINES["serial"], "serial")
+    assert (serial.value.param, serial.value.status) == ("logprobs", 400) and "(serial)" in serial.value.message
+    with pytest.raises(APIError) as batching:
+        require_logprobs(asked, ENGINES["batching"], "batching")
+    assert batching.value.param == "top_logprobs" and "direct, llamacpp" in batching.value.message
+    require_logprobs(Sampling(8, logprobs=True), ENGINES["batching"], "batching")  # none of these raise
+    require_logprobs(asked, ENGINES["direct"], "direct")
+    require_logprobs(Sampling(8), ENGINES["serial"], "serial")
 
 
 def test_choice_i_samples_with_seed_plus_i():
