@@ -101,19 +101,24 @@ FIELDS: tuple[Field, ...] = (
           "an IP address or host name"),
     Field("port", _int_range(1, 65535), 8000, "TCP port to listen on.", "an integer 1-65535"),
     Field("device", _choice("CPU"), "CPU", "OpenVINO device.", "CPU"),
-    Field("engine", _choice("direct", "serial", "batching", "llamacpp"), "direct",
+    Field("engine", _choice("direct", "serial", "batching", "llamacpp", "hybrid"), "direct",
           "direct: one request at a time over the artifact's sub-models, keeping encoded images and the "
           "conversation's KV, so a follow-up re-runs neither the vision encoder nor the earlier turns. serial: one "
           "genai VLMPipeline, one request at a time. batching: a "
           "ContinuousBatchingPipeline whose decode steps serve several requests at once. llamacpp: a private "
           "llama-server child on a GGUF artifact (made by `vlfleet model.gguf`: VLFLEET_LLAMACPP_MODEL_DIR, else "
           "VLFLEET_MODEL_DIR), one request at a time; decodes faster, first token slower (docs/engines.md). "
+          "hybrid: the direct engine's OpenVINO vision tower in front of llama.cpp's language model (the GGUF "
+          "artifact of VLFLEET_LLAMACPP_MODEL_DIR, in a child process), keeping the KV of several conversations. "
           "`vlfleet tune` picks per host.",
-          "direct, serial, batching or llamacpp"),
+          "direct, serial, batching, llamacpp or hybrid"),
     Field("llamacpp_server", _path, None,
           "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = the "
           "one in the installed vlfleet-llama-server wheel (`vlfleet llamacpp.wheel`, shipped in the wheelhouse), "
           "else llama-server on PATH.", "a file path"),
+    Field("llamacpp_lib", _path, None,
+          "libvlfleet_llama.so, the hybrid engine's interface to libllama (`vlfleet llamacpp.shim` builds one); "
+          "unset = the one in the installed vlfleet-llama-server wheel.", "a file path"),
     Field("llamacpp_model_dir", _path, None,
           "The GGUF artifact the llamacpp engine serves (`vlfleet model.gguf` makes one); when set and "
           "VLFLEET_ENGINE=llamacpp it replaces VLFLEET_MODEL_DIR, so one environment serves every engine; unset = "

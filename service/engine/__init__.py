@@ -13,6 +13,8 @@ HTTP threads submit a Job and read its typed events; only the inference thread t
   ``direct_pipeline``: prompt, sampling and text out).
 - ``llamacpp``: LlamaCppEngine, a private llama-server child process on a GGUF artifact (``llamacpp_child``
   starts, watches and stops it; ``llamacpp_api`` is what is said to it).
+- ``hybrid``: HybridEngine, the direct engine with llama.cpp's language model (``llama_lm``, in the child process
+  ``llama_worker`` runs, through ops/llamacpp/vlfleet_llama.c).
 
 Dependencies point one way (events <- job <- base <- serial, batching, direct, llamacpp; genai beside them) and
 the modules import each other directly, never this package, so importing any of them cannot make a cycle.
@@ -25,6 +27,7 @@ from service.engine.batching import BatchingEngine
 from service.engine.direct import DirectEngine
 from service.engine.events import KEEPALIVE, Done, Event, Failed, Keepalive, Started, Token
 from service.engine.genai import generation_config, load_pipeline, pipeline_properties, render_prompt
+from service.engine.hybrid import HybridEngine
 from service.engine.job import Job
 from service.engine.llamacpp import LlamaCppEngine
 from service.engine.serial import SerialEngine
@@ -37,6 +40,7 @@ __all__ = [
     "Engine",
     "Event",
     "Failed",
+    "HybridEngine",
     "Job",
     "Keepalive",
     "LlamaCppEngine",
@@ -54,12 +58,13 @@ __all__ = [
 
 
 ENGINES: dict[str, type[Engine]] = {"direct": DirectEngine, "serial": SerialEngine, "batching": BatchingEngine,
-                                    "llamacpp": LlamaCppEngine}
+                                    "llamacpp": LlamaCppEngine, "hybrid": HybridEngine}
 
 
 def make_engine(settings, *args, **kwargs) -> Engine:
     """The engine VLFLEET_ENGINE names: direct (the sub-models), serial (VLMPipeline), batching
-    (ContinuousBatchingPipeline) or llamacpp (a llama-server child process)."""
+    (ContinuousBatchingPipeline), llamacpp (a llama-server child process) or hybrid (the direct engine's vision in
+    front of llama.cpp's language model)."""
     return ENGINES[settings.engine](settings, *args, **kwargs)
 
 

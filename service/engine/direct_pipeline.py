@@ -50,7 +50,9 @@ def split_properties(settings) -> tuple[dict, dict]:
 class DirectPipeline:
     """Loaded once on the inference thread; ``generate`` answers one conversation at a time."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, language_model: Callable | None = None):
+        """``language_model(settings, model_dir)``: another language model with StatefulLM's interface (the hybrid
+        engine's llama.cpp one); unset, the artifact's own."""
         import openvino as ov
         import openvino_genai as ov_genai
 
@@ -61,7 +63,8 @@ class DirectPipeline:
         self.ids = TokenIds.of_model(model_dir)
         self.vision = VisionEncoder(core, model_dir, settings.device, vision_props,
                                     int(settings.image_cache_mb * 2**20))
-        self.lm = StatefulLM(core, model_dir, settings.device, lm_props)
+        self.lm = (language_model(settings, model_dir) if language_model is not None
+                   else StatefulLM(core, model_dir, settings.device, lm_props))
         self.grammars = Grammars(model_dir, self.lm.vocab_size, self.ids.eos)
         self._model_dir = model_dir
 

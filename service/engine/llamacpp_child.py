@@ -194,7 +194,7 @@ def _fixed_port(command: list[str]) -> int | None:
     return int(command[command.index("--port") + 1]) or None
 
 
-def _pdeathsig():
+def pdeathsig():
     """A preexec_fn that arms PR_SET_PDEATHSIG; prctl is looked up here, before fork, so the child only calls it."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
@@ -245,7 +245,7 @@ class LlamaServerChild:
         if self.key:
             env["LLAMA_API_KEY"] = self.key  # by environment, not argv, which every user of the host can read in ps
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, preexec_fn=_pdeathsig())
+                                     stdin=subprocess.DEVNULL, env=env, preexec_fn=pdeathsig())
         log.info("llama-server started", extra={"pid": self.proc.pid, "command": " ".join(self.command)})
         try:
             out = open(self.log_file, "w", buffering=1) if self.log_file else None  # noqa: SIM115 (the reader closes it)

@@ -1,0 +1,180 @@
+/* The few libllama calls the hybrid engine makes (service/engine/llama_lm.py), behind a flat C interface.
+ *
+ * Python reaches it with ctypes. A flat interface keeps llama.h's parameter structs (which change between
+ * llama.cpp versions) on this side, where the compiler lays them out, instead of in hand-written ctypes
+ * declarations. Built by ops/llamacpp/shim.py against the project's own llama.cpp build, shipped in the
+ * vlfleet-llama-server wheel beside libllama.
+ *
+ * Positions are Qwen3-VL's M-RoPE: a text token has one position (llama.cpp spreads it over the sections), an
+ * embedding row has four, given here row-major (t, y, x, z per row) and passed to llama.cpp section-major.
+ */
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml-backend.h"
+#include "llama.h"
+
+typedef struct vl_lm {
+    struct llama_model *model;
+    struct llama_context *ctx;
+    int32_t n_vocab, n_embd, n_embd_inp, n_batch;
+} vl_lm;
+
+static int vl_verbose = 0;
+
+static void vl_log(enum ggml_log_level level, const char *text, void *user) {
+    (void)user;
+    if (vl_verbose || level >= GGML_LOG_LEVEL_WARN) {
+        fputs(text, stderr);
+    }
+}
+
+/* NULL when the model cannot be loaded or the context made (llama.cpp has said why on stderr). */
+vl_lm *vl_open(const char *path, const char *backend_dir, int32_t n_ctx, int32_t n_seq, int32_t n_threads,
+               int32_t n_batch, int32_t verbose) {
+    vl_verbose = verbose;
+    llama_log_set(vl_log, NULL);
+    if (backend_dir != NULL && backend_dir[0] != '\0') {
+        ggml_backend_load_all_from_path(backend_dir); /* a portable build's CPU variants */
+    }
+    llama_backend_init();
+    vl_lm *lm = calloc(1, sizeof(*lm));
+    if (lm == NULL) {
+        return NULL;
+    }
+    struct llama_model_params mp = llama_model_default_params();
+    lm->model = llama_model_load_from_file(path, mp);
+    if (lm->model == NULL) {
+        free(lm);
+        return NULL;
+    }
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)n_ctx;
+    cp.n_batch = cp.n_ubatch = (uint32_t)n_batch;
+    cp.n_seq_max = (uint32_t)n_seq;
+    cp.kv_unified = true; /* one cache the sequences share: a busy conversation may use what idle ones do not */
+    if (n_threads > 0) {
+        cp.n_threads = cp.n_threads_batch = n_threads;
+    }
+    lm->ctx = llama_init_from_model(lm->model, cp);
+    if (lm->ctx == NULL) {
+        llama_model_free(lm->model);
+        free(lm);
+        return NULL;
+    }
+    lm->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(lm->model));
+    lm->n_embd = llama_model_n_embd(lm->model);
+    lm->n_embd_inp = llama_model_n_embd_inp(lm->model);
+    lm->n_batch = n_batch;
+    return lm;
+}
+
+void vl_close(vl_lm *lm) {
+    if (lm != NULL) {
+        llama_free(lm->ctx);
+        llama_model_free(lm->model);
+        free(lm);
+    }
+}
+
+int32_t vl_n_vocab(const vl_lm *lm) { return lm->n_vocab; }
+int32_t vl_n_embd(const vl_lm *lm) { return lm->n_embd; }
+int32_t vl_n_embd_inp(const vl_lm *lm) { return lm->n_embd_inp; }
+int32_t vl_n_ctx(const vl_lm *lm) { return (int32_t)llama_n_ctx(lm->ctx); }
+
+/* Forget sequence seq's tokens at positions >= p0 (all of them for p0 = 0). */
+int32_t vl_seq_rm(vl_lm *lm, int32_t seq, int32_t p0) {
+    return llama_memory_seq_rm(llama_get_memory(lm->ctx), seq, p0, -1) ? 0 : -1;
+}
+
+static int32_t copy_last_logits(vl_lm *lm, float *out) {
+    const float *logits = llama_get_logits_ith(lm->ctx, -1);
+    if (logits == NULL) {
+        return -3;
+    }
+    memcpy(out, logits, sizeof(float) * (size_t)lm->n_vocab);
+    return 0;
+}
+
+/* n text tokens of sequence seq at positions pos, in chunks of n_batch; the last one's logits into out (when not
+ * NULL). llama_decode's code on failure: 1 = no room in the KV cache, others = an error. */
+int32_t vl_decode_tokens(vl_lm *lm, int32_t seq, const int32_t *ids, const int32_t *pos, int32_t n, float *out) {
+    struct llama_batch batch = llama_batch_init(lm->n_batch, 0, 1);
+    int32_t rc = 0;
+    for (int32_t at = 0; at < n && rc == 0; at += lm->n_batch) {
+        int32_t m = n - at < lm->n_batch ? n - at : lm->n_batch;
+        batch.n_tokens = m;
+        for (int32_t i = 0; i < m; i++) {
+            batch.token[i] = ids[at + i];
+            batch.pos[i] = pos[at + i];
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = seq;
+            batch.logits[i] = (int8_t)(out != NULL && at + i == n - 1);
+        }
+        rc = llama_decode(lm->ctx, batch);
+    }
+    llama_batch_free(batch);
+    return rc != 0 ? rc : (out != NULL ? copy_last_logits(lm, out) : 0);
+}
+
+/* n embedding rows (n_embd_inp floats each) of sequence seq, positions pos4 row-major (4 per row). */
+int32_t vl_decode_embd(vl_lm *lm, int32_t seq, const float *embd, const int32_t *pos4, int32_t n, float *out) {
+    int32_t *pos = malloc(sizeof(int32_t) * 4 * (size_t)lm->n_batch);
+    int32_t *n_seq_id = malloc(sizeof(int32_t) * (size_t)lm->n_batch);
+    int32_t **seq_ids = malloc(sizeof(int32_t *) * (size_t)lm->n_batch);
+    int8_t *logits = malloc((size_t)lm->n_batch);
+    int32_t rc = (pos && n_seq_id && seq_ids && logits) ? 0 : -2;
+    for (int32_t at = 0; at < n && rc == 0; at += lm->n_batch) {
+        int32_t m = n - at < lm->n_batch ? n - at : lm->n_batch;
+        for (int32_t i = 0; i < m; i++) {
+            for (int32_t j = 0; j < 4; j++) {
+                pos[j * m + i] = pos4[4 * (at + i) + j]; /* section-major within this chunk */
+            }
+            n_seq_id[i] = 1;
+            seq_ids[i] = &seq;
+            logits[i] = (int8_t)(out != NULL && at + i == n - 1);
+        }
+        struct llama_batch batch = {
+            .n_tokens = m, .token = NULL, .embd = (float *)(embd + (size_t)at * (size_t)lm->n_embd_inp),
+            .pos = pos, .n_seq_id = n_seq_id, .seq_id = seq_ids, .logits = logits,
+        };
+        rc = llama_decode(lm->ctx, batch);
+    }
+    free(pos);
+    free(n_seq_id);
+    free(seq_ids);
+    free(logits);
+    return rc != 0 ? rc : (out != NULL ? copy_last_logits(lm, out) : 0);
+}
+
+/* One decode step for n sequences at once: token ids[i] of sequence seqs[i] at pos[i]; n x n_vocab logits into
+ * out, in the order given. */
+int32_t vl_decode_step(vl_lm *lm, const int32_t *seqs, const int32_t *ids, const int32_t *pos, int32_t n,
+                       float *out) {
+    if (n > lm->n_batch) {
+        return -4;
+    }
+    struct llama_batch batch = llama_batch_init(n, 0, 1);
+    batch.n_tokens = n;
+    for (int32_t i = 0; i < n; i++) {
+        batch.token[i] = ids[i];
+        batch.pos[i] = pos[i];
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = seqs[i];
+        batch.logits[i] = 1;
+    }
+    int32_t rc = llama_decode(lm->ctx, batch);
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        const float *logits = llama_get_logits_ith(lm->ctx, i);
+        if (logits == NULL) {
+            rc = -3;
+        } else {
+            memcpy(out + (size_t)i * (size_t)lm->n_vocab, logits, sizeof(float) * (size_t)lm->n_vocab);
+        }
+    }
+    llama_batch_free(batch);
+    return rc;
+}

@@ -1,0 +1,220 @@
+"""Qwen3-VL's language model in llama.cpp, with the interface of service.engine.stateful_lm.StatefulLM, for the hybrid
+engine: the images go through OpenVINO's vision tower (service.engine.vision) and their embeddings into llama.cpp.
+
+The model runs in a child process (service.engine.llama_worker) that owns libllama: a native crash there ends the
+request it was serving with an error, and the next request starts a new child, instead of taking the service down.
+
+llama.cpp keeps several sequences in one KV cache (SEQUENCES conversations). A prompt goes to the sequence whose
+kept tokens share the longest prefix with it (image tokens compared by the image's digest, as in StatefulLM), is
+cut back to that prefix, and only the rest is computed. When the cache has no room for a prompt, the sequences
+used longest ago are forgotten first. An image token's row is its embedding followed by its deepstack features
+(``[main | deepstack_1 | ... | deepstack_n]``, what llama.cpp's Qwen3-VL graph reads), at its M-RoPE position
+(t, y, x, 0); a text token is its id at one position. A cut is made by position, so it never falls inside an image
+(all of an image's tokens share their first position): a prefix that ends inside one keeps none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+
+from service.engine.llamacpp_child import context_size, describe_exit, gguf_files, pdeathsig, threads
+from service.engine.stateful_lm import Prompt, common_prefix
+
+SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of context_size() tokens
+N_BATCH = 512  # tokens per llama_decode call in a prefill
+STOP_GRACE_S = 10.0
+SHIM = "libvlfleet_llama.so"
+
+
+class WorkerDied(RuntimeError):
+    """The child process ended: crashed (a signal) or exited; the message says how."""
+
+
+def shim_path(settings) -> Path:
+    """VLFLEET_LLAMACPP_LIB, else the shim in the installed vlfleet-llama-server wheel."""
+    if settings.llamacpp_lib is not None:
+        found = Path(settings.llamacpp_lib)
+    else:
+        try:
+            import vlfleet_llama_server  # the wheel `vlfleet llamacpp.wheel` makes
+        except ImportError:
+            vlfleet_llama_server = None
+        found = vlfleet_llama_server.BIN / SHIM if vlfleet_llama_server else Path(SHIM)
+    if not found.is_file():
+        raise RuntimeError(f"{SHIM} not found ({found}): install the vlfleet-llama-server wheel (`vlfleet "
+                           "llamacpp.wheel`) or set VLFLEET_LLAMACPP_LIB to the one `vlfleet llamacpp.shim` prints")
+    return found
+
+
+class Worker:
+    """The child process and its connection; ``call`` is one request and its answer."""
+
+    def __init__(self, open_args: tuple):
+        self._open_args = open_args
+        parent, child = socket.socketpair()
+        root = str(Path(__file__).resolve().parents[2])  # the directory that holds the service package
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "service.engine.llama_worker", str(child.fileno())],
+                                     pass_fds=(child.fileno(),), env=env, preexec_fn=pdeathsig())
+        child.close()
+        self._conn = Connection(parent.detach())
+        self.info = self.call("open", *open_args)
+
+    def call(self, name: str, *args):
+        try:
+            self._conn.send((name, args))
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
+            raise WorkerDied(f"llama.cpp's process ended while {name}: {describe_exit(self._wait())}") from None
+        if kind == "full":
+            raise MemoryError(value)
+        if kind == "error":
+            raise RuntimeError(value)
+        return value
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self._conn.close()  # the child's loop ends on EOF
+        self._wait()
+
+    def _wait(self) -> int | None:
+        try:
+            return self.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@dataclass
+class Sequence:
+    seq: int
+    keys: list = field(default_factory=list)  # one per kept token (StatefulLM's keys)
+    starts: list[int] = field(default_factory=list)  # each kept token's first M-RoPE position: what a cut is by
+    used: float = 0.0
+
+
+def image_rows(image, lo: int) -> np.ndarray:
+    """The rows llama.cpp takes for image tokens lo.. of ``image``: embedding, then each deepstack layer's feature."""
+    parts = [image.embeds[lo:], *(layer[lo:] for layer in image.deepstack)]
+    return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def segments(prompt: Prompt, keep: int):
+    """(kind, start, end) runs of prompt tokens from ``keep`` on: "text" runs and "image" runs, in order."""
+    cursor = keep
+    for start, image, _ in prompt.images:
+        end = start + image.tokens
+        if end <= cursor:
+            continue
+        if start > cursor:
+            yield "text", cursor, start
+        yield "image", max(start, cursor), end
+        cursor = end
+    if cursor < len(prompt.ids):
+        yield "text", cursor, len(prompt.ids)
+
+
+class LlamaLM:
+    """StatefulLM's interface (prefill, step, reset, keys, vocab_size) over a llama.cpp child process."""
+
+    def __init__(self, settings, model_dir: Path):
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        text, vision = cfg.get("text_config", cfg), cfg.get("vision_config", {})
+        self._row = int(text["hidden_size"]) * (1 + len(vision.get("deepstack_visual_indexes", ())))
+        gguf = gguf_files(settings.llamacpp_model_dir or settings.model_dir).language_model
+        self._open_args = (str(shim_path(settings)), str(gguf), context_size(settings), SEQUENCES,
+                           threads(settings), N_BATCH, settings.log_level == "debug")
+        self._worker = self._start()
+        self._sequences = [Sequence(i) for i in range(SEQUENCES)]
+        self._active = self._sequences[0]
+
+    def _start(self) -> Worker:
+        worker = Worker(self._open_args)
+        info = worker.info
+        if info["n_embd_inp"] != self._row:
+            worker.stop()
+            raise RuntimeError(f"the GGUF language model takes rows of {info['n_embd_inp']} values, the vision "
+                               f"tower gives {self._row}: the two artifacts are not of the same checkpoint")
+        self.vocab_size, self.n_ctx = int(info["n_vocab"]), int(info["n_ctx"])
+        return worker
+
+    @property
+    def keys(self) -> list:
+        return self._active.keys
+
+    def reset(self) -> None:
+        """Forget every sequence; a child that died is replaced (its KV died with it)."""
+        if not self._worker.alive():
+            self._worker = self._start()
+        else:
+            for s in self._sequences:
+                if s.keys:
+                    self._worker.call("seq_rm", s.seq, 0)
+        for s in self._sequences:
+            s.keys, s.starts = [], []
+
+    def prefill(self, prompt: Prompt) -> tuple[np.ndarray, int]:
+        s = self._choose(prompt.keys)
+        keep = min(common_prefix(tuple(s.keys), prompt.keys), len(prompt.keys) - 1)
+        keep = self._image_boundary(prompt, keep)
+        self._cut(s, keep)
+        self._make_room(len(prompt.keys) - keep, s)
+        logits = None
+        for kind, lo, hi in segments(prompt, keep):
+            last = hi == len(prompt.ids)
+            if kind == "text":
+                logits = self._worker.call("tokens", s.seq, prompt.ids[lo:hi], prompt.positions[0, lo:hi], last)
+            else:
+                start, image = next((st, im) for st, im, _ in prompt.images if st <= lo < st + im.tokens)
+                pos4 = np.vstack([prompt.positions[:, lo:hi], np.zeros((1, hi - lo), np.int64)]).T
+                logits = self._worker.call("embeddings", s.seq, image_rows(image, lo - start), pos4, last)
+            s.keys.extend(prompt.keys[lo:hi])
+            s.starts.extend(prompt.positions[0, lo:hi].tolist())
+        return logits, keep
+
+    def step(self, token: int, position: int) -> np.ndarray:
+        s = self._active
+        self._make_room(1, s)
+        logits = self._worker.call("tokens", s.seq, [token], [position], True)
+        s.keys.append(token)
+        s.starts.append(position)
+        return logits
+
+    def _choose(self, keys: tuple) -> Sequence:
+        """The sequence sharing the longest prefix with ``keys``; with none shared, an empty or the oldest one."""
+        best = max(self._sequences, key=lambda s: (common_prefix(tuple(s.keys), keys), not s.keys, -s.used))
+        if common_prefix(tuple(best.keys), keys) == 0:
+            best = min(self._sequences, key=lambda s: (bool(s.keys), s.used))
+        best.used = time.monotonic()
+        self._active = best
+        return best
+
+    @staticmethod
+    def _image_boundary(prompt: Prompt, keep: int) -> int:
+        for start, image, _ in prompt.images:
+            if start < keep < start + image.tokens:
+                return start
+        return keep
+
+    def _cut(self, s: Sequence, length: int) -> None:
+        if length < len(s.keys):
+            self._worker.call("seq_rm", s.seq, s.starts[length] if length else 0)
+            del s.keys[length:], s.starts[length:]
+
+    def _make_room(self, tokens: int, s: Sequence) -> None:
+        """Forget the sequences used longest ago (never ``s``) until ``tokens`` more fit in the cache."""
+        others = sorted((o for o in self._sequences if o is not s and o.keys), key=lambda o: o.used)
+        while others and sum(len(o.keys) for o in self._sequences) + tokens > self.n_ctx:
+            self._cut(others.pop(0), 0)
