@@ -31,6 +31,7 @@ from service.engine.llamacpp_child import context_size, describe_exit, gguf_file
 from service.engine.stateful_lm import Prompt, common_prefix
 
 SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of context_size() tokens
+SAME_CONVERSATION = 0.5  # the share of a sequence's tokens a prompt must start with to continue it
 N_BATCH = 512  # tokens per llama_decode call in a prefill
 STOP_GRACE_S = 10.0
 SHIM = "libvlfleet_llama.so"
@@ -150,6 +151,9 @@ class LlamaLM:
         self.vocab_size, self.n_ctx = int(info["n_vocab"]), int(info["n_ctx"])
         return worker
 
+    def close(self) -> None:
+        self._worker.stop()
+
     @property
     def keys(self) -> list:
         return self._active.keys
@@ -193,9 +197,13 @@ class LlamaLM:
         return logits
 
     def _choose(self, keys: tuple) -> Sequence:
-        """The sequence sharing the longest prefix with ``keys``; with none shared, an empty or the oldest one."""
-        best = max(self._sequences, key=lambda s: (common_prefix(tuple(s.keys), keys), not s.keys, -s.used))
-        if common_prefix(tuple(best.keys), keys) == 0:
+        """The sequence this prompt continues: the one sharing the longest prefix with it, if that is at least
+        SAME_CONVERSATION of what the sequence holds (a follow-up, a regenerated or edited last turn); otherwise an
+        empty one, or the one used longest ago. Every conversation shares the chat template's first tokens, so a
+        longest prefix alone would make each new conversation take over the last one's sequence."""
+        shared = {s.seq: common_prefix(tuple(s.keys), keys) for s in self._sequences}
+        best = max(self._sequences, key=lambda s: (shared[s.seq], s.used))
+        if not best.keys or shared[best.seq] < SAME_CONVERSATION * len(best.keys):
             best = min(self._sequences, key=lambda s: (bool(s.keys), s.used))
         best.used = time.monotonic()
         self._active = best

@@ -45,15 +45,27 @@ def tiny_gguf(tiny_checkpoint) -> Path:
     return gguf.cached("tiny", build_config=build.test_config())
 
 
-def start_engine(name: str, request, tmp_path_factory, **env: str) -> servers.Server:
+@pytest.fixture(scope="session")
+def llama_lib(llama_server) -> Path:
+    """The hybrid engine's libvlfleet_llama.so, compiled against the test build of llama.cpp."""
+    from ops.llamacpp import build, shim
+
+    return shim.shim(build.find(build.test_config()))
+
+
+def start_engine(name: str, request, tmp_path_factory, wait: bool = True, **env: str) -> servers.Server:
     """The service on engine ``name``: over the tiny model, or for llamacpp over its GGUF with the project's
-    llama-server."""
+    llama-server, or for hybrid over both (the IR's vision, the GGUF's language model)."""
     log_dir = tmp_path_factory.mktemp(f"{request.module.__name__.rsplit('.', 1)[-1]}-{name}")
+    if name == "hybrid":
+        gguf, lib = request.getfixturevalue("tiny_gguf"), request.getfixturevalue("llama_lib")
+        env = {"VLFLEET_LLAMACPP_MODEL_DIR": str(gguf), "VLFLEET_LLAMACPP_LIB": str(lib), **env}
+        return servers.start(request.getfixturevalue("tiny_model"), log_dir, wait, VLFLEET_ENGINE="hybrid", **env)
     if name == "llamacpp":
         gguf, binary = request.getfixturevalue("tiny_gguf"), request.getfixturevalue("llama_server")
-        return servers.start(gguf, log_dir, VLFLEET_ENGINE="llamacpp", VLFLEET_LLAMACPP_SERVER=str(binary),
+        return servers.start(gguf, log_dir, wait, VLFLEET_ENGINE="llamacpp", VLFLEET_LLAMACPP_SERVER=str(binary),
                              VLFLEET_LLAMACPP_START_TIMEOUT="120", **env)
-    return servers.start(request.getfixturevalue("tiny_model"), log_dir, VLFLEET_ENGINE=name, **env)
+    return servers.start(request.getfixturevalue("tiny_model"), log_dir, wait, VLFLEET_ENGINE=name, **env)
 
 
 def chat_text(client, stream: bool, **kwargs) -> tuple[str, str | None]:

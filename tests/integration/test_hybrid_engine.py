@@ -1,0 +1,172 @@
+"""The hybrid engine (VLFLEET_ENGINE=hybrid) on the tiny model: OpenVINO's vision tower in front of llama.cpp's
+language model. Its logits equal the direct engine's, a follow-up runs the vision encoder 0 times, two
+conversations taking turns each keep their KV, and a crashed llama.cpp process fails one request, not the service.
+The answer cache is off: every answer here comes from the engine."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import types
+import urllib.error
+import urllib.request
+
+import numpy as np
+import psutil
+import pytest
+from openai import OpenAI
+
+from service.conversation import Conversation, Turn
+from service.images import PreparedImage
+from tests import servers
+from tests.integration.conftest import image_message, png_bytes, start_engine
+
+RUNS, REUSED = "vlfleet_vision_encoder_runs_total", "vlfleet_reused_prompt_tokens_total"
+MODEL = "qwen3-vl-2b-instruct"
+ENV = {"VLFLEET_ANSWER_CACHE_MB": "0"}
+# fp16 weights on both sides (the IR's and the GGUF's), f32 arithmetic: what differs is llama.cpp's kernels
+# (activations rounded to f16 for its f16 matmuls). Measured on the tiny model: 6e-4 of the largest logit.
+TOLERANCE = 2e-3
+
+
+@pytest.fixture(scope="module")
+def hybrid(request, tmp_path_factory):
+    server = start_engine("hybrid", request, tmp_path_factory, **ENV)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(hybrid):
+    return OpenAI(base_url=hybrid.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _ask(client, messages, max_tokens=6):
+    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0)
+
+
+def _follow_up(first: list[dict], answer, question: str) -> list[dict]:
+    return [*first, {"role": "assistant", "content": answer.choices[0].message.content},
+            {"role": "user", "content": question}]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_follow_up_runs_the_vision_encoder_zero_times(hybrid, client):
+    first = [image_message("What is in this image?", png_bytes((120, 90), (20, 160, 60)))]
+    runs0 = hybrid.metric(RUNS)
+    answer = _ask(client, first)
+    assert hybrid.metric(RUNS) == runs0 + 1
+    reused0 = hybrid.metric(REUSED)
+    assert _ask(client, _follow_up(first, answer, "And its colour?")).choices[0].message.content is not None
+    assert hybrid.metric(RUNS) == runs0 + 1  # the re-sent image was kept
+    assert hybrid.metric(REUSED) - reused0 >= answer.usage.prompt_tokens  # the first turn came from the KV
+
+
+def test_two_conversations_taking_turns_each_keep_their_kv(hybrid, client):
+    """A, B, then both follow-ups at once: each follow-up finds its own conversation in its own llama.cpp
+    sequence (one KV state, as the direct engine has, would have been cut back to the chat template for one)."""
+    firsts = [[image_message(q, png_bytes((100, 80), c))]
+              for q, c in (("Describe it.", (200, 30, 30)), ("What shape is it?", (30, 30, 200)))]
+    answers = [_ask(client, f) for f in firsts]
+    reused0 = hybrid.metric(REUSED)
+    results: list = [None, None]
+
+    def follow(i: int) -> None:
+        results[i] = _ask(client, _follow_up(firsts[i], answers[i], "Why?"))
+
+    threads = [threading.Thread(target=follow, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(r is not None for r in results)
+    assert hybrid.metric(REUSED) - reused0 >= sum(a.usage.prompt_tokens for a in answers)
+
+
+def test_a_crashed_language_model_fails_one_request_and_the_next_is_served(hybrid, client):
+    workers = [p for p in psutil.Process(hybrid.proc.pid).children(recursive=True)
+               if "service.engine.llama_worker" in " ".join(p.cmdline())]
+    assert len(workers) == 1, workers
+    workers[0].send_signal(signal.SIGKILL)  # a process this test's service started
+    # the service reaps it when it next speaks to it: until then it is a zombie
+    servers.wait_for(lambda: not workers[0].is_running() or workers[0].status() == psutil.STATUS_ZOMBIE,
+                     timeout=10, what="the killed worker to end")
+    question = [image_message("What is this?", png_bytes((64, 64), (5, 5, 5)))]
+    status, body = _post(hybrid.url + "/v1/chat/completions", {"model": MODEL, "messages": question, "max_tokens": 4})
+    assert status >= 500 and "SIGKILL" in body["error"]["message"], body
+    assert _ask(client, question).choices[0].message.content is not None
+    status, ready = servers.get(hybrid.url + "/readyz")
+    assert status == 200, ready
+
+
+def test_a_missing_interface_library_is_named_at_start(request, tmp_path_factory):
+    server = start_engine("hybrid", request, tmp_path_factory, wait=False, VLFLEET_LLAMACPP_LIB="/nonexistent.so")
+    def failed() -> dict | None:
+        try:
+            status, body = servers.get(server.url + "/readyz")
+        except urllib.error.URLError:  # not listening yet
+            return None
+        return body if status == 503 and body.get("failed") else None
+
+    try:
+        servers.wait_for(failed, timeout=60, what="/readyz to say it failed")
+        body = failed()
+        assert "libvlfleet_llama.so" in body["reason"] and "VLFLEET_LLAMACPP_LIB" in body["reason"], body
+    finally:
+        server.stop()
+
+
+# --- the logits, in process ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fp16_pair(tiny_checkpoint, llama_server, llama_lib):
+    """The tiny checkpoint as an fp16 IR and as an F16 GGUF: the same weights on both sides."""
+    from ops.llamacpp import build, gguf
+    from ops.model import cache, convert
+
+    return (cache.artifact("tiny", convert.ConvertParams("fp16")),
+            gguf.cached("tiny", gguf.GgufParams(quant="F16"), build_config=build.test_config()), llama_lib)
+
+
+def _settings(ir, gguf, lib) -> types.SimpleNamespace:
+    return types.SimpleNamespace(model_dir=ir, device="CPU", threads=0, precision="f32", lm_precision="f32",
+                                 dq_group_size="0", kv_precision="auto", model_cache_dir=None, image_cache_mb=64,
+                                 llamacpp_model_dir=gguf, llamacpp_lib=lib, llamacpp_ctx=0, max_input_tokens=4096,
+                                 max_tokens=64, log_level="info")
+
+
+def _conversation(question: str, side=(110, 70)) -> Conversation:
+    pixels = np.random.default_rng(0).integers(0, 255, (1, side[1], side[0], 3), dtype=np.uint8)
+    return Conversation((Turn("user", question, (PreparedImage(pixels, "img", side),)),))
+
+
+def test_logits_equal_the_direct_engines(fp16_pair):
+    """Prefill (text, image embeddings with their deepstack features, M-RoPE positions), decode steps, and a
+    follow-up continued from the kept KV: the last position's logits equal the direct engine's on the same
+    weights, within TOLERANCE of the largest logit."""
+    from service.engine.direct_pipeline import DirectPipeline, Generation
+    from service.engine.llama_lm import LlamaLM
+
+    settings = _settings(*fp16_pair)
+    direct, hybrid = DirectPipeline(settings), DirectPipeline(settings, language_model=LlamaLM)
+    first = _conversation("Describe this image.", (150, 100))
+    follow = Conversation((*first.turns, Turn("assistant", "a picture"), Turn("user", "Which colour?")))
+    for conv in (first, follow):
+        prompts = [p.prompt(conv, Generation()) for p in (direct, hybrid)]
+        (want, _), (got, kept) = direct.lm.prefill(prompts[0]), hybrid.lm.prefill(prompts[1])
+        assert (kept > 0) == (conv is follow)
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE * float(np.abs(want).max()))
+        for i, token in enumerate((11, 12, 13)):
+            at = prompts[0].next_position + i
+            want, got = direct.lm.step(token, at), hybrid.lm.step(token, at)
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE * float(np.abs(want).max()))
+    hybrid.lm.close()
