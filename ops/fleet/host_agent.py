@@ -48,13 +48,13 @@ _ID_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$")
 # -- contract: begin (generated from service/settings.py by `python -m service.contract`; do not edit)
 # VLFLEET_ENGINE's choices (service/settings.py), the default first
 ENGINES = (
-    "direct", "serial", "batching", "llamacpp",
+    "direct", "serial", "batching", "llamacpp", "hybrid",
 )
 DEFAULT_ENGINE = "direct"  # what the service runs when no env file sets VLFLEET_ENGINE
 # every VLFLEET_* name the host side reads (settings, launcher)
 SETTING_NAMES = (
     "VLFLEET_MODEL_DIR", "VLFLEET_MODEL_NAME", "VLFLEET_HOST", "VLFLEET_PORT", "VLFLEET_DEVICE", "VLFLEET_ENGINE",
-    "VLFLEET_LLAMACPP_SERVER", "VLFLEET_LLAMACPP_MODEL_DIR", "VLFLEET_LLAMACPP_CTX",
+    "VLFLEET_LLAMACPP_SERVER", "VLFLEET_LLAMACPP_LIB", "VLFLEET_LLAMACPP_MODEL_DIR", "VLFLEET_LLAMACPP_CTX",
     "VLFLEET_LLAMACPP_START_TIMEOUT", "VLFLEET_LLAMACPP_RESTARTS", "VLFLEET_MAX_BATCH", "VLFLEET_KV_CACHE_GB",
     "VLFLEET_THREADS", "VLFLEET_PRECISION", "VLFLEET_LM_PRECISION", "VLFLEET_KV_PRECISION", "VLFLEET_DQ_GROUP_SIZE",
     "VLFLEET_HTTP_THREADS", "VLFLEET_QUEUE_SIZE", "VLFLEET_QUEUE_TIMEOUT", "VLFLEET_MAX_TOKENS",

@@ -1,7 +1,7 @@
 """A cached llama-server build as a wheel, so hosts get it from their offline wheelhouse like any other runtime part.
 
 The wheel ``vlfleet_llama_server-<version>+<build key>-py3-none-linux_x86_64.whl`` holds the package
-``vlfleet_llama_server``: ``bin/`` with llama-server and exactly the build's shared libraries it loads (its
+``vlfleet_llama_server``: ``bin/`` with llama-server, the hybrid engine's libvlfleet_llama.so, and exactly the build's shared libraries it loads (its
 DT_NEEDED closure, each under its soname, plus a portable build's dlopened ``libggml-cpu*`` backends), and
 ``build.json`` saying what it was built for. It is written with zipfile alone, with fixed timestamps, so one build
 always gives the same bytes (and the same hash in the wheelhouse's requirements.txt). Cached under
@@ -21,6 +21,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ops.llamacpp import shim as shim_mod
 from ops.llamacpp.build import Build
 from ops.paths import cache_root
 
@@ -120,7 +121,7 @@ def binaries(build: Build) -> dict[str, Path]:
     server = bin_dir / SERVER
     if not server.is_file():
         raise WheelError(f"{server} is missing: build again with `vlfleet llamacpp.build`")
-    files = {SERVER: server}
+    files = {SERVER: server, shim_mod.NAME: shim_of(build)}  # the hybrid engine's interface to libllama
     if not build_json(build)["native"]:
         files.update({p.name: p for p in sorted(bin_dir.glob("libggml-cpu*.so*")) if p.is_file()})
     todo = list(files.values())
@@ -131,6 +132,10 @@ def binaries(build: Build) -> dict[str, Path]:
             files[name] = bin_dir / name if (bin_dir / name).is_file() else system_library(name)
             todo.append(files[name])
     return files
+
+
+def shim_of(build: Build) -> Path:
+    return shim_mod.shim(build)
 
 
 def _record_hash(data: bytes) -> str:
@@ -166,8 +171,8 @@ def _write(path: Path, entries: list[tuple[str, bytes, int]], record_name: str) 
 def runtime_wheel(build: Build, out_dir: Path | None = None) -> Path:
     """The wheel of ``build`` (made once per build key, then reused); copied into ``out_dir`` when given."""
     # keyed by this module's code too: a change in what goes into the wheel must not reuse an older wheel
-    cached = cache_root() / "llamacpp-wheels" / hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12] / \
-        wheel_name(build)
+    code = hashlib.sha256(Path(__file__).read_bytes() + shim_mod.SOURCE.read_bytes()).hexdigest()[:12]
+    cached = cache_root() / "llamacpp-wheels" / code / wheel_name(build)
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{cached.name}.", dir=cached.parent)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine.llamacpp_child import context_size, describe_exit, gguf_files, pdeathsig, threads
+from service.engine.llamacpp_child import child_env, context_size, describe_exit, gguf_files, pdeathsig, threads
 from service.engine.stateful_lm import Prompt, common_prefix
 
 SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of context_size() tokens
@@ -64,7 +64,8 @@ class Worker:
         self._open_args = open_args
         parent, child = socket.socketpair()
         root = str(Path(__file__).resolve().parents[2])  # the directory that holds the service package
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        env = child_env(Path(open_args[0]))  # the wheel's libraries beside the shim, not the build's it was linked to
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "service.engine.llama_worker", str(child.fileno())],
                                      pass_fds=(child.fileno(),), env=env, preexec_fn=pdeathsig())
         child.close()

@@ -115,3 +115,24 @@ def test_the_service_runs_the_installed_server_on_the_gguf_artifact(installed, t
         assert list(stream)[-1].usage.completion_tokens == 4
     finally:
         service.stop()
+
+
+def test_the_hybrid_engine_runs_on_the_installed_interface_library(installed, tiny_gguf, tiny_model, test_build,
+                                                                   tmp_path, monkeypatch):
+    """VLFLEET_LLAMACPP_LIB unset: the hybrid engine's llama.cpp process loads the wheel's libvlfleet_llama.so and,
+    through it, the wheel's own libllama, not the build's."""
+    monkeypatch.delenv("VLFLEET_LLAMACPP_LIB", raising=False)
+    service = servers.start(tiny_model, tmp_path, VLFLEET_ENGINE="hybrid", VLFLEET_LLAMACPP_MODEL_DIR=str(tiny_gguf),
+                            VLFLEET_ANSWER_CACHE_MB="0", PYTHONPATH=str(installed))
+    try:
+        (worker,) = [p for p in psutil.Process(service.proc.pid).children(recursive=True)
+                     if "service.engine.llama_worker" in " ".join(p.cmdline())]
+        maps = {m.path for m in worker.memory_maps()}
+        assert {f"{installed}/{PACKAGE}/bin/libvlfleet_llama.so", f"{installed}/{PACKAGE}/bin/libllama.so.0"} <= maps
+        assert not [m for m in maps if str(test_build.root) in m]
+        client = OpenAI(base_url=service.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        answer = client.chat.completions.create(model=MODEL, messages=[image_message("What is it?")], max_tokens=4,
+                                                extra_body={"ignore_eos": True})
+        assert answer.usage.completion_tokens == 4
+    finally:
+        service.stop()

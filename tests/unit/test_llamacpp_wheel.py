@@ -43,6 +43,8 @@ def fake_readelf(monkeypatch, tmp_path):
     monkeypatch.setattr(wheel, "needed", lambda path: NEEDED.get(Path(path).resolve().name, []))
     (tmp_path / "libgomp.so.1").write_bytes(b"ELF libgomp")
     monkeypatch.setattr(wheel, "system_library", lambda name: tmp_path / name)
+    (tmp_path / "libvlfleet_llama.so").write_bytes(b"ELF shim")
+    monkeypatch.setattr(wheel, "shim_of", lambda build: tmp_path / "libvlfleet_llama.so")
 
 
 def cpuinfo(tmp_path: Path, flags: str) -> Path:
@@ -60,7 +62,8 @@ def test_the_wheel_holds_the_server_and_the_libraries_it_needs_under_their_sonam
     with zipfile.ZipFile(path) as zf:
         bins = {n.split("/bin/")[1]: zf.getinfo(n) for n in zf.namelist() if "/bin/" in n}
         # No llama-quantize, no libc; a native build's backend variants are not loaded, so not shipped.
-        assert set(bins) == {"llama-server", "libllama-server-impl.so", "libggml.so.0", "libgomp.so.1"}
+        assert set(bins) == {"llama-server", "libvlfleet_llama.so", "libllama-server-impl.so", "libggml.so.0",
+                             "libgomp.so.1"}
         assert zf.read("vlfleet_llama_server/bin/libgomp.so.1") == b"ELF libgomp"
         assert zf.read("vlfleet_llama_server/bin/libggml.so.0") == b"ELF libggml.so.0.1.0"
         assert all(i.external_attr >> 16 & 0o777 == 0o755 for i in bins.values())
