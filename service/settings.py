@@ -117,7 +117,7 @@ FIELDS: tuple[Field, ...] = (
           "one in the installed vlfleet-llama-server wheel (`vlfleet llamacpp.wheel`, shipped in the wheelhouse), "
           "else llama-server on PATH.", "a file path"),
     Field("llamacpp_lib", _path, None,
-          "libvlfleet_llama.so, the hybrid engine's interface to libllama (`vlfleet llamacpp.shim` builds one); "
+          "libvlfleet_llama.so, the hybrid engine's interface to libllama (`vlfleet llamacpp.build` builds one); "
           "unset = the one in the installed vlfleet-llama-server wheel.", "a file path"),
     Field("llamacpp_model_dir", _path, None,
           "The GGUF artifact the llamacpp engine serves (`vlfleet model.gguf` makes one); when set and "

@@ -1,11 +1,12 @@
 """A cached llama-server build as a wheel, so hosts get it from their offline wheelhouse like any other runtime part.
 
 The wheel ``vlfleet_llama_server-<version>+<build key>-py3-none-linux_x86_64.whl`` holds the package
-``vlfleet_llama_server``: ``bin/`` with llama-server, the hybrid engine's libvlfleet_llama.so, and exactly the build's shared libraries it loads (its
-DT_NEEDED closure, each under its soname, plus a portable build's dlopened ``libggml-cpu*`` backends), and
-``build.json`` saying what it was built for. It is written with zipfile alone, with fixed timestamps, so one build
-always gives the same bytes (and the same hash in the wheelhouse's requirements.txt). Cached under
-``$VLFLEET_CACHE/llamacpp-wheels/``, keyed by this module's code and the build's key.
+``vlfleet_llama_server``: ``bin/`` with llama-server, the hybrid engine's libvlfleet_llama.so, and exactly the
+build's shared libraries they load (their DT_NEEDED closure, each under its soname, plus a portable build's
+dlopened ``libggml-cpu*`` backends), and ``build.json`` saying what it was built for. It is written with zipfile
+alone, with fixed timestamps, so one build always gives the same bytes (and the same hash in the wheelhouse's
+requirements.txt). Cached under ``$VLFLEET_CACHE/llamacpp-wheels/``, keyed by this module's code, the shim's source
+and the build's key.
 """
 
 from __future__ import annotations

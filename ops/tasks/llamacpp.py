@@ -25,8 +25,10 @@ def source(c, version=None):
     "version": "llama-cpp-python sdist version (default: the pinned one)",
 })
 def build(c, portable=False, jobs=2, timeout=60, version=None):
-    """Build llama-server, llama-quantize and llama-mtmd-cli (cached; 6-15 min on 2 cores the first time)."""
+    """Build llama-server, llama-quantize and llama-mtmd-cli (cached; 6-15 min on 2 cores the first time), and the
+    hybrid engine's libvlfleet_llama.so against them."""
     from ops.llamacpp import build as build_mod
+    from ops.llamacpp import shim
     from ops.llamacpp.source import VERSION, SourceError
 
     if int(jobs) < 1 or float(timeout) <= 0:
@@ -34,9 +36,11 @@ def build(c, portable=False, jobs=2, timeout=60, version=None):
     config = build_mod.default_config(native=not portable, version=version or VERSION)
     try:
         done = build_mod.build(config, jobs=int(jobs), timeout=float(timeout) * 60)
+        lib = shim.shim(done)
     except (build_mod.BuildError, SourceError) as e:
         raise Exit(f"llamacpp.build: {e}") from None
     print(f"llama-server: {done.binary('llama-server')}")
+    print(f"{shim.NAME} (VLFLEET_LLAMACPP_LIB): {lib}")
 
 
 @task(help={

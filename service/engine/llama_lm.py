@@ -53,7 +53,7 @@ def shim_path(settings) -> Path:
         found = vlfleet_llama_server.BIN / SHIM if vlfleet_llama_server else Path(SHIM)
     if not found.is_file():
         raise RuntimeError(f"{SHIM} not found ({found}): install the vlfleet-llama-server wheel (`vlfleet "
-                           "llamacpp.wheel`) or set VLFLEET_LLAMACPP_LIB to the one `vlfleet llamacpp.shim` prints")
+                           "llamacpp.wheel`) or set VLFLEET_LLAMACPP_LIB to the one `vlfleet llamacpp.build` prints")
     return found
 
 
