@@ -92,7 +92,8 @@ def parse_only(only: str | None) -> tuple[str, ...]:
 
 def service_engines() -> tuple[tuple[str, ...], str]:
     """The engines the service runs the int4 (OpenVINO IR) artifact on, and the one it runs by default: VLFLEET_ENGINE's
-    choices and default (service.contract). llamacpp serves GGUF artifacts: the peer and tune sections measure it."""
+    choices and default (service.contract). llamacpp serves GGUF artifacts: the peer and tune sections measure it;
+    hybrid runs the IR's vision with the peer's GGUF (engine_env)."""
     from service.contract import DEFAULT_ENGINE, ENGINES
 
     return tuple(e for e in ENGINES if e != "llamacpp"), DEFAULT_ENGINE
@@ -209,6 +210,7 @@ class PeerInputs:
     server: Path
     artifact: Path
     build: dict  # ops.llamacpp.build's build.json: version, flags, CPU it was tuned for, build time
+    lib: Path | None = None  # the hybrid engine's libvlfleet_llama.so of the same build
 
 
 @dataclass(frozen=True)
@@ -343,7 +345,7 @@ def other_engine(b: Bench, engine: str) -> Iterator[dict]:
     """The same int4 artifact on another engine: single answers, then the follow-up, structured and concurrency
     sections that were asked for."""
     key = f"int4_{engine}"
-    with b.server("int4", f"int4-{engine}.log", {"VLFLEET_ENGINE": engine}) as s:
+    with b.server("int4", f"int4-{engine}.log", {"VLFLEET_ENGINE": engine, **engine_env(b, engine)}) as s:
         yield {"service": {key: {"engine": engine, "cold_start_s": s.cold_start_s,
                                  "image_416": _answers(s.url, b.plan, 416, 277, 0, b.say, f"int4 {engine} 416x277")}}}
         if "followup" in b.wanted:
@@ -353,6 +355,16 @@ def other_engine(b: Bench, engine: str) -> Iterator[dict]:
         yield {"service": {key: {"peak_rss_bytes": s.peak_rss()["worker"]}}}
         if "concurrency" in b.wanted:
             yield {"concurrency": {engine: _concurrency(s.url, b.plan, b.say, engine)}}
+
+
+def engine_env(b: Bench, engine: str) -> dict[str, str]:
+    """What an engine needs beside the int4 IR: the hybrid engine, the peer's GGUF artifact and shim."""
+    if engine != "hybrid":
+        return {}
+    if b.peer_inputs is None:
+        raise RuntimeError("the hybrid engine needs the peer's GGUF artifact and llama.cpp build (peer_inputs)")
+    inputs = b.peer_inputs()
+    return {"VLFLEET_LLAMACPP_MODEL_DIR": str(inputs.artifact), "VLFLEET_LLAMACPP_LIB": str(inputs.lib)}
 
 
 def overhead(b: Bench) -> Iterator[dict]:

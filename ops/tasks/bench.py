@@ -29,11 +29,11 @@ def _checkpoint() -> Path:
 def _peer():
     """llama-server built for this CPU and the 2b-shape checkpoint as GGUF (Q4_0 + mmproj q8_0), both cached."""
     from ops.bench.suite import PeerInputs
-    from ops.llamacpp import build, gguf
+    from ops.llamacpp import build, gguf, shim
 
     built = build.build()
     return PeerInputs(built.binary("llama-server"), gguf.cached("2b", gguf.GgufParams("Q4_0", "q8_0"), quiet=False),
-                      built.info)
+                      built.info, shim.shim(built))
 
 
 @task(default=True, help={

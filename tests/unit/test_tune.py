@@ -31,10 +31,19 @@ def _run(total: float, first: float = 0.5, tokens: int = 16, error: str | None =
 
 def test_default_candidates_skip_batching_and_an_unshipped_llamacpp_with_reasons():
     steps = dict(t.plan(None, None, NO_SERVER))
-    assert list(steps) == ["direct", "serial", "batching", "llamacpp"] == list(contract.ENGINES)  # the default first
+    assert list(steps) == ["direct", "serial", "batching", "llamacpp", "hybrid"] == list(contract.ENGINES)  # default
     assert steps["serial"] is None and steps["direct"] is None
     assert "concurrent" in steps["batching"] and "--engines" in steps["batching"]
     assert "no llama-server on the host" in steps["llamacpp"] and "vlfleet site --gguf" in steps["llamacpp"]
+    assert "measured when named" in steps["hybrid"]
+
+
+def test_hybrid_when_named_needs_what_llamacpp_needs():
+    server = {"path": "/opt/llama/llama-server", "exists": True, "model_dir": "/opt/vlfleet/models/g1",
+              "model_exists": True}
+    assert dict(t.plan(("hybrid",), None, {"llama_server": server}))["hybrid"] is None
+    assert "no llama-server on the host" in dict(t.plan(("hybrid",), None, NO_SERVER))["hybrid"]
+    assert "measured when named" in dict(t.plan(None, None, {"llama_server": server}))["hybrid"]
 
 
 def test_llamacpp_is_a_candidate_only_where_its_binary_and_gguf_artifact_exist():
@@ -52,7 +61,7 @@ def test_named_engines_and_a_pin_are_measured_as_asked():
     assert t.plan(None, "direct", NO_SERVER) == [("direct", None)]
     assert t.parse_engines("serial, direct,serial") == ("serial", "direct")
     assert t.parse_engines("") is None
-    with pytest.raises(FleetError, match="unknown engine vllm: use direct, serial, batching, llamacpp"):
+    with pytest.raises(FleetError, match="unknown engine vllm: use direct, serial, batching, llamacpp, hybrid"):
         t.parse_engines("serial,vllm")
 
 
