@@ -9,6 +9,9 @@
  * embedding row has four, given here row-major (t, y, x, z per row) and passed to llama.cpp section-major.
  */
 
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <libgen.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,14 +35,22 @@ static void vl_log(enum ggml_log_level level, const char *text, void *user) {
     }
 }
 
+/* A portable build's CPU variants are libraries beside libllama, loaded at run time (llama-server looks beside
+ * itself): look where the libllama this process loaded is, in the wheel's bin/ or the build's. */
+static void load_backends(void) {
+    Dl_info info;
+    char dir[4096];
+    if (dladdr((void *)llama_backend_init, &info) && info.dli_fname != NULL) {
+        snprintf(dir, sizeof(dir), "%s", info.dli_fname);
+        ggml_backend_load_all_from_path(dirname(dir));
+    }
+}
+
 /* NULL when the model cannot be loaded or the context made (llama.cpp has said why on stderr). */
-vl_lm *vl_open(const char *path, const char *backend_dir, int32_t n_ctx, int32_t n_seq, int32_t n_threads,
-               int32_t n_batch, int32_t verbose) {
+vl_lm *vl_open(const char *path, int32_t n_ctx, int32_t n_seq, int32_t n_threads, int32_t n_batch, int32_t verbose) {
     vl_verbose = verbose;
     llama_log_set(vl_log, NULL);
-    if (backend_dir != NULL && backend_dir[0] != '\0') {
-        ggml_backend_load_all_from_path(backend_dir); /* a portable build's CPU variants */
-    }
+    load_backends();
     llama_backend_init();
     vl_lm *lm = calloc(1, sizeof(*lm));
     if (lm == NULL) {

@@ -92,36 +92,61 @@ class DirectPipeline:
     def generate(self, conv: Conversation, sampling: Sampling, on_text: Callable[[str], None],
                  cancelled: Callable[[], bool], on_logprob: Callable[[dict], None] | None = None) -> Generation:
         """``on_logprob(entry)`` (with sampling.logprobs) gets each token's logprob entry before its text."""
-        stats = Generation()
+        answer = Answer(self, conv, sampling, on_text, cancelled, on_logprob)
+        logits, answer.stats.reused_tokens = self.lm.prefill(answer.prompt)
+        while (token := answer.next_token(logits)) is not None:
+            logits = self.lm.step(token, answer.position)
+        return answer.finish()
+
+
+class Answer:
+    """One answer being generated: its prompt (images encoded on creation), then one token per ``next_token`` from
+    the language model's logits, until it ends. The language model is driven by the caller: one conversation at a
+    time (DirectPipeline.generate), or several whose steps are batched (the hybrid engine)."""
+
+    def __init__(self, pipe: DirectPipeline, conv: Conversation, sampling: Sampling,
+                 on_text: Callable[[str], None], cancelled: Callable[[], bool],
+                 on_logprob: Callable[[dict], None] | None = None):
+        self.stats, self.sampling, self._pipe = Generation(), sampling, pipe
+        self._cancelled, self._on_logprob = cancelled, on_logprob
         # Compiled (or taken from the cache) before anything else: a schema it cannot enforce fails the request
         # before a token is generated.
         fmt = sampling.response_format
-        constraint = self.grammars.constraint(fmt) if fmt is not None else None
+        self._constraint = pipe.grammars.constraint(fmt) if fmt is not None else None
         # ignore_eos (benchmarks) holds back the end while the grammar could go on; a complete answer still ends.
-        forbid = self.ids.eos if sampling.ignore_eos else ()
-        prompt = self.prompt(conv, stats)
-        stats.prompt_tokens = len(prompt.ids)
-        logits, stats.reused_tokens = self.lm.prefill(prompt)
-        rng = np.random.default_rng(sampling.seed)
-        text = TextOut(IncrementalDecoder(self.tokenizer), sampling.stop, on_text)
-        while True:
-            if constraint is not None:
-                if constraint.stopped:
-                    break
-                constraint.mask(logits, forbid)
-            token = pick(logits, sampling, rng)
-            if token in self.ids.eos and (constraint is not None or not sampling.ignore_eos):
-                break
-            if constraint is not None:
-                constraint.consume(token)
-            if sampling.logprobs and on_logprob is not None:
-                on_logprob(from_logits(logits, token, sampling.top_logprobs, self.token_bytes))
-            stats.completion_tokens += 1
-            if text.push(token) or stats.completion_tokens >= sampling.max_tokens or cancelled():
-                break
-            logits = self.lm.step(token, prompt.next_position + stats.completion_tokens - 1)
-        text.flush()
-        return stats
+        self._forbid = pipe.ids.eos if sampling.ignore_eos else ()
+        self.prompt = pipe.prompt(conv, self.stats)
+        self.stats.prompt_tokens = len(self.prompt.ids)
+        self._rng = np.random.default_rng(sampling.seed)
+        self._text = TextOut(IncrementalDecoder(pipe.tokenizer), sampling.stop, on_text)
+
+    @property
+    def position(self) -> int:
+        """The position of the token ``next_token`` last returned."""
+        return self.prompt.next_position + self.stats.completion_tokens - 1
+
+    def next_token(self, logits: np.ndarray) -> int | None:
+        """The next token drawn from ``logits`` (its text sent), or None when the answer has ended."""
+        sampling, constraint = self.sampling, self._constraint
+        if constraint is not None:
+            if constraint.stopped:
+                return None
+            constraint.mask(logits, self._forbid)
+        token = pick(logits, sampling, self._rng)
+        if token in self._pipe.ids.eos and (constraint is not None or not sampling.ignore_eos):
+            return None
+        if constraint is not None:
+            constraint.consume(token)
+        if sampling.logprobs and self._on_logprob is not None:
+            self._on_logprob(from_logits(logits, token, sampling.top_logprobs, self._pipe.token_bytes))
+        self.stats.completion_tokens += 1
+        if self._text.push(token) or self.stats.completion_tokens >= sampling.max_tokens or self._cancelled():
+            return None
+        return token
+
+    def finish(self) -> Generation:
+        self._text.flush()
+        return self.stats
 
 
 class TextOut:

@@ -2,23 +2,68 @@
 OpenVINO vision tower (service.engine.vision), for hosts where llama.cpp decodes faster and OpenVINO encodes images
 faster (AMD EPYC, docs/engines.md).
 
-Everything but the language model is the direct engine's: prompt, kept images, sampling, grammar, logprobs. The
-language model keeps the KV of several conversations (llama.cpp sequences), so two clients taking turns both get
-their follow-ups from the cache.
+Everything but the language model is the direct engine's: prompt, kept images, sampling, grammar, logprobs
+(service.engine.direct_pipeline.Answer). Unlike direct it answers up to VLFLEET_MAX_BATCH requests at once (at most
+llama_lm.SEQUENCES), each in its own llama.cpp sequence of one KV cache:
+
+- each turn of the loop feeds one chunk (PREFILL_CHUNK tokens) of one new prompt, then runs one decode step for
+  every answer past its prompt, all in one llama.cpp batch: a long new prompt delays the others' next tokens by a
+  chunk at a time, never by its whole prefill;
+- each conversation's KV stays in its sequence after its answer, so its follow-up computes its new turn only, while
+  other conversations come and go (up to SEQUENCES kept; the cache's room decides);
+- a new request whose prompt and longest answer do not fit beside the running ones waits for one to finish.
+
+A new request's images are encoded when it is admitted, between two decode steps (the others wait for it).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
+from service.conversation import Conversation, Timings
 from service.engine.direct import DirectEngine
-from service.engine.direct_pipeline import DirectPipeline
-from service.engine.llama_lm import LlamaLM
+from service.engine.direct_pipeline import Answer, DirectPipeline
+from service.engine.events import Started, Token
+from service.engine.job import FINISHED, RUNNING, Job
+from service.engine.llama_lm import SEQUENCES, LlamaLM, Sequence
+from service.errors import APIError
 
 log = logging.getLogger("vlfleet.engine")
 
+PREFILL_CHUNK = 128  # prompt tokens per turn of the loop while other answers are decoding
+
+
+@dataclass
+class Running:
+    """One admitted request: its answer, its sequence once claimed, and where its prompt's prefill is."""
+
+    job: Job
+    conversation: Conversation  # the whole conversation, earlier turns of its session included
+    started: float
+    timings: Timings
+    answer: Answer | None = None
+    seq: Sequence | None = None
+    prefill: object = None  # LlamaLM.feed's iterator while the prompt is being computed
+    logits: object = None  # the logits the next token is drawn from
+    batch_max: int = 0  # the most answers a decode step of this one shared (the inference log's decode_batch_max)
+    pieces: list[str] = field(default_factory=list)
+    pending: list[dict] = field(default_factory=list)  # logprob entries of tokens whose text has not gone out yet
+
+    def text(self, piece: str) -> None:
+        if self.timings.first_token_s is None:
+            self.timings.first_token_s = time.monotonic() - self.started
+        self.pieces.append(piece)
+        self.job.put(Token(piece, tuple(self.pending)))
+        self.pending.clear()
+
 
 class HybridEngine(DirectEngine):
+    # Several answers share decode steps, so the sum of queued job times would overstate a wait (as on batching).
+    estimates_wait = False
+
     def _load(self):
         return DirectPipeline(self.settings, language_model=LlamaLM)
 
@@ -29,3 +74,118 @@ class HybridEngine(DirectEngine):
             log.exception("the llama.cpp child could not be started again")
             self._give_up(f"llama.cpp's language model could not be started again: {e}")
         return error
+
+    # --- the loop -------------------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        running: list[Running] = []
+        waiting: deque[Running] = deque()  # admitted, but no room in the KV cache yet
+        limit = min(self.settings.max_batch, SEQUENCES)
+        while True:
+            self._admit(running, waiting, limit)
+            if running:
+                try:
+                    self._turn(running)
+                except Exception as e:  # llama.cpp failed or its child died: every answer in it is lost
+                    log.exception("llama.cpp step failed")
+                    error = self._failure(e)  # every sequence is forgotten (a new child if it died)
+                    for r in running:
+                        self._fail(r.job, error)
+                        r.job._transition(RUNNING, FINISHED)
+                    running.clear()
+
+    def _admit(self, running: list[Running], waiting: deque[Running], limit: int) -> None:
+        """Start queued requests while fewer than ``limit`` run; block for one only when nothing runs."""
+        while len(running) < limit:
+            if waiting:
+                r = waiting.popleft()
+            else:
+                job = self._next_job(timeout=None if not running else 0)
+                if job is None:
+                    return
+                r = self._start(job)
+                if r is None:
+                    continue
+            claimed = self.pipeline.lm.claim(r.answer.prompt, r.job.sampling.max_tokens)
+            if claimed is None and not running:  # alone, it can never fit: a setting, not a wait
+                self._drop(r, APIError(
+                    f"the prompt ({len(r.answer.prompt.ids)} tokens) and its max_tokens "
+                    f"({r.job.sampling.max_tokens}) do not fit in llama.cpp's context of "
+                    f"{self.pipeline.lm.n_ctx} tokens: raise VLFLEET_LLAMACPP_CTX, or ask for fewer tokens",
+                    400, code="context_length_exceeded"))
+                continue
+            if claimed is None:
+                waiting.appendleft(r)
+                return
+            r.seq, keep = claimed
+            r.answer.stats.reused_tokens = keep
+            r.prefill = self.pipeline.lm.feed(r.seq, r.answer.prompt, keep, PREFILL_CHUNK)
+            running.append(r)
+
+    def _start(self, job: Job) -> Running | None:
+        """The request's answer, its images encoded; None if that failed (the job is told why)."""
+        job.started_at = started = time.monotonic()
+        try:
+            conv, reused = self._resolve(job)
+            cached = sum(self.pipeline.vision.holds(img.digest) for img in conv.images)
+            r = Running(job, conv, started, Timings(queued_s=started - job.enqueued_at, reused_session=reused))
+            r.answer = Answer(self.pipeline, conv, job.sampling, r.text, job.cancelled.is_set, r.pending.append)
+        except Exception as e:
+            log.exception("request failed before generation", extra={"request_id": job.request_id})
+            self._fail(job, e)
+            job._transition(RUNNING, FINISHED)
+            return None
+        job.put(Started(reused_session=reused, images=len(conv.images), cache="miss", images_cached=cached))
+        return r
+
+    def _turn(self, running: list[Running]) -> None:
+        """One chunk of the first prompt still being computed, then one decode step for every answer past its
+        prompt; answers that end are finished and leave ``running``."""
+        filling = next((r for r in running if r.prefill is not None), None)
+        if filling is not None:
+            out = next(filling.prefill)
+            if out is not None:
+                filling.logits, filling.prefill = out, None
+        steps, stepping = [], []
+        for r in [r for r in running if r.prefill is None]:
+            try:
+                token = r.answer.next_token(r.logits)
+            except Exception as e:  # this answer's own failure (its grammar): the others go on
+                log.exception("generation failed", extra={"request_id": r.job.request_id})
+                running.remove(r)
+                self._drop(r, e)
+                continue
+            if token is None:
+                running.remove(r)
+                self._complete(r)
+                continue
+            steps.append((r.seq, token, r.answer.position))
+            stepping.append(r)
+        if steps:
+            for r, logits in zip(stepping, self.pipeline.lm.step_many(steps), strict=True):
+                r.logits = logits
+                r.batch_max = max(r.batch_max, len(steps))
+
+    def _complete(self, r: Running) -> None:
+        stats = r.answer.finish()
+        if r.pending:  # tokens that made no text (special tokens, a held-back stop string): their logprobs
+            r.job.put(Token("", tuple(r.pending)))
+        self.pipeline.lm.release(r.seq)
+        t = r.timings
+        t.total_s = time.monotonic() - r.started
+        t.prompt_tokens, t.completion_tokens = stats.prompt_tokens, stats.completion_tokens
+        t.image_encode_s = stats.image_encode_s
+        t.extra.update(reused_tokens=stats.reused_tokens, images_encoded=stats.images_encoded,
+                       decode_batch_max=r.batch_max)
+        if self.metrics:
+            self.metrics.vision_encoder_runs.inc(stats.images_encoded)
+            self.metrics.reused_prompt_tokens.inc(stats.reused_tokens)
+        key = None if r.job.cancelled.is_set() else self._sessions.remember(r.conversation, "".join(r.pieces))
+        self._finish(r.job, r.pieces, t, key)
+
+    def _drop(self, r: Running, error: Exception) -> None:
+        """End ``r`` with ``error``; its sequence keeps nothing (a half-fed state is nobody's conversation)."""
+        if r.seq is not None:
+            self.pipeline.lm.forget(r.seq)
+        self._fail(r.job, error)
+        r.job._transition(RUNNING, FINISHED)

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -105,6 +106,8 @@ class Sequence:
     keys: list = field(default_factory=list)  # one per kept token (StatefulLM's keys)
     starts: list[int] = field(default_factory=list)  # each kept token's first M-RoPE position: what a cut is by
     used: float = 0.0
+    busy: bool = False  # claimed by an answer being generated
+    reserve: int = 0  # tokens kept free for it while busy: its prompt and longest answer
 
 
 def image_rows(image, lo: int) -> np.ndarray:
@@ -129,7 +132,9 @@ def segments(prompt: Prompt, keep: int):
 
 
 class LlamaLM:
-    """StatefulLM's interface (prefill, step, reset, keys, vocab_size) over a llama.cpp child process."""
+    """StatefulLM's interface (prefill, step, reset, keys, vocab_size) over a llama.cpp child process, for one
+    conversation at a time; and, for several at once (the hybrid engine's batches), ``claim`` a sequence,
+    ``feed`` its prompt in chunks, ``step_many`` one decode step for all, ``release`` it."""
 
     def __init__(self, settings, model_dir: Path):
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -168,53 +173,95 @@ class LlamaLM:
                 if s.keys:
                     self._worker.call("seq_rm", s.seq, 0)
         for s in self._sequences:
-            s.keys, s.starts = [], []
+            s.keys, s.starts, s.busy, s.reserve = [], [], False, 0
+
+    # --- one conversation at a time (DirectPipeline.generate) ------------------------------------------------
 
     def prefill(self, prompt: Prompt) -> tuple[np.ndarray, int]:
-        s = self._choose(prompt.keys)
-        keep = min(common_prefix(tuple(s.keys), prompt.keys), len(prompt.keys) - 1)
-        keep = self._image_boundary(prompt, keep)
-        self._cut(s, keep)
+        s = self._choose(prompt.keys, self._sequences)
+        self._active = s
+        keep = self._keep(s, prompt)
         self._make_room(len(prompt.keys) - keep, s)
-        logits = None
-        for kind, lo, hi in segments(prompt, keep):
-            last = hi == len(prompt.ids)
-            if kind == "text":
-                logits = self._worker.call("tokens", s.seq, prompt.ids[lo:hi], prompt.positions[0, lo:hi], last)
-            else:
-                start, image = next((st, im) for st, im, _ in prompt.images if st <= lo < st + im.tokens)
-                pos4 = np.vstack([prompt.positions[:, lo:hi], np.zeros((1, hi - lo), np.int64)]).T
-                logits = self._worker.call("embeddings", s.seq, image_rows(image, lo - start), pos4, last)
-            s.keys.extend(prompt.keys[lo:hi])
-            s.starts.extend(prompt.positions[0, lo:hi].tolist())
+        *_, logits = self.feed(s, prompt, keep, len(prompt.ids))
         return logits, keep
 
     def step(self, token: int, position: int) -> np.ndarray:
-        s = self._active
-        self._make_room(1, s)
-        logits = self._worker.call("tokens", s.seq, [token], [position], True)
-        s.keys.append(token)
-        s.starts.append(position)
-        return logits
+        self._make_room(1, self._active)
+        return self.step_many([(self._active, token, position)])[0]
 
-    def _choose(self, keys: tuple) -> Sequence:
+    # --- several at once (the hybrid engine) --------------------------------------------------------------
+
+    def claim(self, prompt: Prompt, answer_tokens: int) -> tuple[Sequence, int] | None:
+        """A sequence for ``prompt`` and how many of its tokens it already holds, with room kept for the prompt and
+        ``answer_tokens`` more; None while the busy sequences leave no such room (try again when one is released)."""
+        idle = [s for s in self._sequences if not s.busy]
+        if not idle:
+            return None
+        s = self._choose(prompt.keys, idle)
+        keep = self._keep(s, prompt)
+        s.busy, s.reserve = True, len(prompt.keys) + answer_tokens
+        if self._make_room(0, s):
+            return s, keep
+        s.busy, s.reserve = False, 0
+        return None
+
+    def release(self, s: Sequence) -> None:
+        s.busy, s.reserve = False, 0
+
+    def forget(self, s: Sequence) -> None:
+        """Release ``s`` with nothing kept."""
+        self._cut(s, 0)
+        self.release(s)
+
+    def feed(self, s: Sequence, prompt: Prompt, keep: int, chunk: int) -> Iterator[np.ndarray | None]:
+        """Compute ``prompt`` after its first ``keep`` tokens into ``s``, at most ``chunk`` tokens per call to
+        llama.cpp; yields None after each call but the last, and the logits after the last."""
+        for kind, lo, hi in segments(prompt, keep):
+            for a in range(lo, hi, chunk):
+                b = min(a + chunk, hi)
+                last = b == len(prompt.ids)
+                if kind == "text":
+                    out = self._worker.call("tokens", s.seq, prompt.ids[a:b], prompt.positions[0, a:b], last)
+                else:
+                    start, image = next((st, im) for st, im, _ in prompt.images if st <= a < st + im.tokens)
+                    pos4 = np.vstack([prompt.positions[:, a:b], np.zeros((1, b - a), np.int64)]).T
+                    out = self._worker.call("embeddings", s.seq, image_rows(image, a - start)[:b - a], pos4, last)
+                s.keys.extend(prompt.keys[a:b])
+                s.starts.extend(prompt.positions[0, a:b].tolist())
+                yield out
+
+    def step_many(self, steps: list[tuple[Sequence, int, int]]) -> np.ndarray:
+        """One decode step: token of each (sequence, token, position) at its position; (len(steps), vocab) logits."""
+        out = self._worker.call("step", [s.seq for s, _, _ in steps], [t for _, t, _ in steps],
+                                [p for _, _, p in steps])
+        for s, token, position in steps:
+            s.keys.append(token)
+            s.starts.append(position)
+        return out
+
+    # --- which sequence, what it keeps ------------------------------------------------------------------------
+
+    @staticmethod
+    def _choose(keys: tuple, among: list[Sequence]) -> Sequence:
         """The sequence this prompt continues: the one sharing the longest prefix with it, if that is at least
         SAME_CONVERSATION of what the sequence holds (a follow-up, a regenerated or edited last turn); otherwise an
         empty one, or the one used longest ago. Every conversation shares the chat template's first tokens, so a
         longest prefix alone would make each new conversation take over the last one's sequence."""
-        shared = {s.seq: common_prefix(tuple(s.keys), keys) for s in self._sequences}
-        best = max(self._sequences, key=lambda s: (shared[s.seq], s.used))
+        shared = {s.seq: common_prefix(tuple(s.keys), keys) for s in among}
+        best = max(among, key=lambda s: (shared[s.seq], s.used))
         if not best.keys or shared[best.seq] < SAME_CONVERSATION * len(best.keys):
-            best = min(self._sequences, key=lambda s: (bool(s.keys), s.used))
+            best = min(among, key=lambda s: (bool(s.keys), s.used))
         best.used = time.monotonic()
-        self._active = best
         return best
 
-    @staticmethod
-    def _image_boundary(prompt: Prompt, keep: int) -> int:
+    def _keep(self, s: Sequence, prompt: Prompt) -> int:
+        """Cut ``s`` back to what ``prompt`` shares with it (at least one token left to compute, never inside an
+        image); how many tokens it keeps."""
+        keep = min(common_prefix(tuple(s.keys), prompt.keys), len(prompt.keys) - 1)
         for start, image, _ in prompt.images:
             if start < keep < start + image.tokens:
-                return start
+                keep = start
+        self._cut(s, keep)
         return keep
 
     def _cut(self, s: Sequence, length: int) -> None:
@@ -222,8 +269,13 @@ class LlamaLM:
             self._worker.call("seq_rm", s.seq, s.starts[length] if length else 0)
             del s.keys[length:], s.starts[length:]
 
-    def _make_room(self, tokens: int, s: Sequence) -> None:
-        """Forget the sequences used longest ago (never ``s``) until ``tokens`` more fit in the cache."""
-        others = sorted((o for o in self._sequences if o is not s and o.keys), key=lambda o: o.used)
-        while others and sum(len(o.keys) for o in self._sequences) + tokens > self.n_ctx:
-            self._cut(others.pop(0), 0)
+    def _make_room(self, tokens: int, s: Sequence) -> bool:
+        """Forget idle sequences, used longest ago first (never ``s``), until ``tokens`` more fit in the cache
+        beside what the busy ones hold and have reserved; False if they cannot."""
+        def used() -> int:
+            return sum(max(len(o.keys), o.reserve) if o.busy else len(o.keys) for o in self._sequences)
+
+        idle = sorted((o for o in self._sequences if o is not s and not o.busy and o.keys), key=lambda o: o.used)
+        while idle and used() + tokens > self.n_ctx:
+            self._cut(idle.pop(0), 0)
+        return used() + tokens <= self.n_ctx

@@ -12,7 +12,6 @@ It imports numpy and this module only, so it starts in well under a second besid
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 from multiprocessing.connection import Connection
 
@@ -25,7 +24,7 @@ FULL_CACHE = 1  # llama_decode's code for "no room in the KV cache"
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.vl_open.restype = ctypes.c_void_p
-    lib.vl_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p] + [ctypes.c_int32] * 5
+    lib.vl_open.argtypes = [ctypes.c_char_p] + [ctypes.c_int32] * 5
     lib.vl_close.argtypes = [ctypes.c_void_p]
     for name in ("vl_n_vocab", "vl_n_embd", "vl_n_embd_inp", "vl_n_ctx"):
         getattr(lib, name).argtypes = [ctypes.c_void_p]
@@ -53,8 +52,7 @@ class Model:
     def __init__(self, lib_path: str, gguf: str, n_ctx: int, n_seq: int, n_threads: int, n_batch: int,
                  verbose: bool = False):
         self.lib = _bind(ctypes.CDLL(lib_path))
-        backends = os.path.dirname(os.path.abspath(lib_path)).encode()
-        self.handle = self.lib.vl_open(gguf.encode(), backends, n_ctx, n_seq, n_threads, n_batch, int(verbose))
+        self.handle = self.lib.vl_open(gguf.encode(), n_ctx, n_seq, n_threads, n_batch, int(verbose))
         if not self.handle:
             raise RuntimeError(f"llama.cpp could not load {gguf} (its messages are in the service's log)")
         self.n_vocab = self.lib.vl_n_vocab(self.handle)

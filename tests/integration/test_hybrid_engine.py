@@ -170,3 +170,60 @@ def test_logits_equal_the_direct_engines(fp16_pair):
             want, got = direct.lm.step(token, at), hybrid.lm.step(token, at)
             np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE * float(np.abs(want).max()))
     hybrid.lm.close()
+
+
+def test_concurrent_answers_share_decode_steps(hybrid, client):
+    """Three clients at once: their decode steps run as one llama.cpp batch (the inference log's
+    decode_batch_max), and each answer is whole."""
+    ids, results = [f"batch-{i}" for i in range(3)], [None] * 3
+
+    def ask(i: int) -> None:
+        results[i] = client.chat.completions.create(
+            model=MODEL, messages=[image_message(f"Question {i}?", png_bytes((64 + 8 * i, 64), (9, 99, 9 * i)))],
+            max_tokens=48, temperature=0, extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": ids[i]})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(r is not None and r.usage.completion_tokens == 48 for r in results), results
+    lines = [lines[-1] for lines in hybrid.wait_inference_lines(*ids)]
+    assert max(line["decode_batch_max"] for line in lines) >= 2, lines
+
+
+def test_a_prompt_that_cannot_fit_the_context_is_a_400(request, tmp_path_factory):
+    # llama.cpp rounds a context up (to 256 tokens here): a longest answer of 1000 tokens cannot fit it
+    server = start_engine("hybrid", request, tmp_path_factory, VLFLEET_LLAMACPP_CTX="64", VLFLEET_MAX_TOKENS="1000",
+                          **ENV)
+    try:
+        status, body = _post(server.url + "/v1/chat/completions", {
+            "model": MODEL, "messages": [image_message("What is this?", png_bytes((64, 64)))], "max_tokens": 1000})
+    finally:
+        server.stop()
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert "VLFLEET_LLAMACPP_CTX" in body["error"]["message"]
+
+
+def test_a_batched_step_gives_each_sequence_its_own_logits(fp16_pair):
+    """Two conversations in two sequences, stepped together in one batch and then each alone from the same
+    state: the same logits (within TOLERANCE), each its own."""
+    from service.engine.direct_pipeline import DirectPipeline, Generation
+    from service.engine.llama_lm import LlamaLM
+
+    pipe = DirectPipeline(_settings(*fp16_pair), language_model=LlamaLM)
+    lm = pipe.lm
+    prompts = [pipe.prompt(_conversation(q, side), Generation())
+               for q, side in (("Describe this image.", (110, 70)), ("What colour is it?", (70, 110)))]
+    seqs = []
+    for prompt in prompts:
+        s, keep = lm.claim(prompt, 8)
+        *_, logits = lm.feed(s, prompt, keep, 16)
+        seqs.append((s, int(np.argmax(logits)), prompt.next_position))
+    together = lm.step_many(seqs)
+    assert not np.allclose(together[0], together[1])
+    for (s, token, at), want in zip(seqs, together, strict=True):
+        lm._cut(s, len(s.keys) - 1)  # back to before the batched step
+        alone = lm.step_many([(s, token, at)])[0]
+        np.testing.assert_allclose(alone, want, rtol=0, atol=TOLERANCE * float(np.abs(want).max()))
+    lm.close()
