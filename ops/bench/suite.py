@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Set
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -363,7 +363,10 @@ def engine_env(b: Bench, engine: str) -> dict[str, str]:
         return {}
     if b.peer_inputs is None:
         raise RuntimeError("the hybrid engine needs the peer's GGUF artifact and llama.cpp build (peer_inputs)")
-    inputs = b.peer_inputs()
+    return hybrid_env(b.peer_inputs())
+
+
+def hybrid_env(inputs: PeerInputs) -> dict[str, str]:
     return {"VLFLEET_LLAMACPP_MODEL_DIR": str(inputs.artifact), "VLFLEET_LLAMACPP_LIB": str(inputs.lib)}
 
 
@@ -612,19 +615,23 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
     limit, limit_source = tune.budget({})
     candidates, skipped = [], {}
     for engine, skip in tune.plan(None, None, info, clients):
-        if engine == "llamacpp" and peer is None:
+        if engine in ("llamacpp", "hybrid") and peer is None:
             skip = peer_error
+        elif engine == "hybrid":
+            skip = None  # tune measures it only when named; the bench does, so runs say where it should be default
         if skip:
             skipped[engine] = skip
             say(f"tune: {engine} skipped: {skip}")
             continue
-        if engine == "llamacpp" and crashed is not None:
-            candidates.append(crashed)
-            say(f"tune: llamacpp failed: {crashed.reason}")
+        if engine in ("llamacpp", "hybrid") and crashed is not None:  # the same libllama, the same kernels
+            candidates.append(replace(crashed, engine=engine))
+            say(f"tune: {engine} failed: {crashed.reason}")
             continue
         model, env = artifact("int4"), {"VLFLEET_ENGINE": engine}
         if engine == "llamacpp":
             model, env = peer.artifact, {**env, "VLFLEET_LLAMACPP_SERVER": str(peer.server)}
+        elif engine == "hybrid":
+            env = {**env, **hybrid_env(peer)}
         with Server(model, plan.log_dir / f"tune-{engine}.log", env) as s:
             runs = probe.latency("127.0.0.1", s.port, plan.tokens, plan.runs, 300.0 * clients, clients=clients)
             c = tune.evaluate(engine, runs, plan.tokens, s.peak_rss()["all"], limit, s.cold_start_s)

@@ -22,12 +22,14 @@ def test_a_llama_server_that_dies_while_loading_is_a_failed_candidate_and_tune_p
     started = time.monotonic()
     out = suite.tune_engines(plan, lambda fmt: tiny_model, lambda: suite.PeerInputs(crashing, tiny_gguf, {}),
                              said.append)
-    failed = out["candidates"]["llamacpp"]
-    assert failed["status"] == "failed" and failed["score_s"] is None and failed["ready_s"] is None
-    assert failed["reason"].startswith("llama-server crashed while loading: llama-server died while loading (SIGSEGV")
-    assert "load_tensors: AMX model buffer" in failed["reason"]
+    for engine in ("llamacpp", "hybrid"):  # hybrid runs the same libllama: failed with llamacpp's reason
+        failed = out["candidates"][engine]
+        assert failed["status"] == "failed" and failed["score_s"] is None and failed["ready_s"] is None
+        assert failed["reason"].startswith("llama-server crashed while loading: llama-server died while loading "
+                                           "(SIGSEGV")
+        assert "load_tensors: AMX model buffer" in failed["reason"]
     assert (tmp_path / "starts").read_text().count("x") == 1  # the smoke's start only: no service on it
-    measured = {e: c for e, c in out["candidates"].items() if e != "llamacpp"}
+    measured = {e: c for e, c in out["candidates"].items() if e not in ("llamacpp", "hybrid")}
     assert measured and all(c["status"] == "ok" and c["score_s"] > 0 for c in measured.values()), measured
     assert out["engine"] in measured
     assert any(line.startswith("tune: llamacpp failed: llama-server crashed while loading") for line in said)
