@@ -109,7 +109,8 @@ FIELDS: tuple[Field, ...] = (
           "llama-server child on a GGUF artifact (made by `vlfleet model.gguf`: VLFLEET_LLAMACPP_MODEL_DIR, else "
           "VLFLEET_MODEL_DIR), one request at a time; decodes faster, first token slower (docs/engines.md). "
           "hybrid: the direct engine's OpenVINO vision tower in front of llama.cpp's language model (the GGUF "
-          "artifact of VLFLEET_LLAMACPP_MODEL_DIR, in a child process), keeping the KV of several conversations. "
+          "artifact of VLFLEET_LLAMACPP_MODEL_DIR, in a child process): up to VLFLEET_MAX_BATCH requests at once "
+          "sharing decode steps, each conversation's KV kept. "
           "`vlfleet tune` picks per host.",
           "direct, serial, batching, llamacpp or hybrid"),
     Field("llamacpp_server", _path, None,
@@ -133,7 +134,8 @@ FIELDS: tuple[Field, ...] = (
     Field("llamacpp_restarts", _int_range(0, 100), 5,
           "Times in a row the llamacpp engine restarts a llama-server that died or would not start before it "
           "gives up (the service then stays unready); a restart that serves resets the count.", "an integer 0-100"),
-    Field("max_batch", _int_range(1, 256), 4, "Requests generating at once (batching engine).", "an integer 1-256"),
+    Field("max_batch", _int_range(1, 256), 4, "Requests generating at once (batching engine; hybrid: at most 4).",
+          "an integer 1-256"),
     Field("kv_cache_gb", _int_range(1, 1024), 2,
           "KV-cache size in GiB; it also holds the prefix cache that makes follow-ups cheaper.", "an integer 1-1024"),
     Field("threads", _int_range(0, 1024), 0,

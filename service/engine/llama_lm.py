@@ -276,6 +276,8 @@ class LlamaLM:
             return sum(max(len(o.keys), o.reserve) if o.busy else len(o.keys) for o in self._sequences)
 
         idle = sorted((o for o in self._sequences if o is not s and not o.busy and o.keys), key=lambda o: o.used)
+        if used() - sum(len(o.keys) for o in idle) + tokens > self.n_ctx:
+            return False  # not even with every idle one forgotten: forget none
         while idle and used() + tokens > self.n_ctx:
             self._cut(idle.pop(0), 0)
-        return used() + tokens <= self.n_ctx
+        return True

@@ -1,0 +1,111 @@
+"""The hybrid engine's bookkeeping around llama.cpp (service/engine/llama_lm.py), with a recording stand-in for the
+child process: which sequence a prompt continues, what is cut and forgotten, and the rows and positions sent. The
+real child and libllama are in tests/integration/test_hybrid_engine.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.engine import llama_lm
+from service.engine.stateful_lm import Prompt
+from service.engine.vision import EncodedImage
+
+HIDDEN, LAYERS = 4, 2
+
+
+class FakeWorker:
+    """Records each call; the logits are the call's number, so a test can tell which call's they are."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def call(self, name, *args):
+        self.calls.append((name, *args))
+        if name in ("tokens", "embeddings"):
+            return np.full(3, len(self.calls), np.float32) if args[-1] else None
+        if name == "step":
+            return np.zeros((len(args[0]), 3), np.float32)
+        return None
+
+    def alive(self):
+        return True
+
+
+def lm(n_ctx: int = 1000) -> llama_lm.LlamaLM:
+    out = llama_lm.LlamaLM.__new__(llama_lm.LlamaLM)  # no child: the bookkeeping only
+    out._worker, out.n_ctx, out.vocab_size = FakeWorker(), n_ctx, 3
+    out._sequences = [llama_lm.Sequence(i) for i in range(llama_lm.SEQUENCES)]
+    out._active = out._sequences[0]
+    return out
+
+
+def image(tokens: int = 4, grid=(1, 2, 2), seed: int = 0) -> EncodedImage:
+    rng = np.random.default_rng(seed)
+    return EncodedImage(rng.random((tokens, HIDDEN), np.float32), rng.random((LAYERS, tokens, HIDDEN), np.float32),
+                        grid)
+
+
+def prompt(text_before: list[int], img: EncodedImage | None, text_after: list[int], digest: str = "d1") -> Prompt:
+    ids = [*text_before, *([9] * img.tokens if img else []), *text_after]
+    images = [(len(text_before), img, digest)] if img else []
+    return Prompt(np.asarray(ids, np.int64), images)
+
+
+def test_an_image_row_is_its_embedding_then_each_deepstack_layers_feature():
+    img = image()
+    rows = llama_lm.image_rows(img, 1)
+    assert rows.shape == (3, HIDDEN * (1 + LAYERS))
+    np.testing.assert_array_equal(rows[0], np.concatenate([img.embeds[1], img.deepstack[0, 1], img.deepstack[1, 1]]))
+
+
+def test_a_prompt_is_fed_as_text_image_text_with_the_image_at_t_y_x_zero():
+    m, p = lm(), prompt([1, 2], image(), [3, 4, 5])
+    logits, keep = m.prefill(p)
+    names = [c[0] for c in m._worker.calls]
+    assert (names, keep) == (["tokens", "embeddings", "tokens"], 0)
+    _, _, rows, pos4, last = m._worker.calls[1]
+    assert rows.shape == (4, HIDDEN * (1 + LAYERS)) and not last
+    # positions 0, 1 for the text; the 2x2 image at t=2, y=2+row, x=2+col; the text after it past its larger side
+    assert pos4.tolist() == [[2, 2, 2, 0], [2, 2, 3, 0], [2, 3, 2, 0], [2, 3, 3, 0]]
+    assert m._worker.calls[2][3].tolist() == [4, 5, 6] and m._worker.calls[2][4] is True
+    assert logits[0] == 3  # the last call's logits
+
+
+def test_a_follow_up_continues_its_sequence_and_a_new_conversation_takes_an_empty_one():
+    m = lm()
+    first = prompt([1, 2], image(), [3, 4])
+    m.prefill(first)
+    s0 = m._active
+    m.step(7, 10)
+    follow = prompt([1, 2], image(), [3, 4, 7, 8, 8])
+    _, keep = m.prefill(follow)
+    assert m._active is s0 and keep == 9  # the first turn and the answer's token came from the KV
+    other = prompt([1, 5], image(seed=1), [6], digest="d2")  # shares the chat template's first token only
+    _, keep = m.prefill(other)
+    assert m._active is not s0 and keep == 0 and s0.keys  # the first conversation is still kept
+
+
+def test_a_cut_never_falls_inside_an_image():
+    m = lm()
+    m.prefill(prompt([1, 2], image(), [3]))
+    s = m._active
+    m._worker.calls.clear()
+    assert m._keep(s, prompt([1, 2], image(), [])) == 2  # ends with the image: recompute all of it
+    assert m._worker.calls == [("seq_rm", s.seq, 2)]  # by the image's first position
+
+
+def test_room_forgets_idle_sequences_oldest_first_and_never_a_busy_one():
+    m = lm(n_ctx=20)
+    a, b = prompt([1, 2, 3, 4, 5, 6], None, []), prompt([1, 7, 7, 7, 7, 7], None, [])
+    m.prefill(a)
+    sa = m._active
+    m.prefill(b)
+    sb = m._active
+    claimed = m.claim(prompt([1, 8, 8, 8], None, []), 10)  # 4 + 10 reserved: one of the others must go
+    assert claimed is not None and not sa.keys and sb.keys  # the one used longest ago
+    s, kept = claimed
+    assert s.busy and s.reserve == 14 and kept == 0
+    assert m.claim(prompt([1, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], None, []), 10) is None  # no room beside the busy one
+    assert sb.keys  # not forgotten for nothing
+    m.release(s)
+    assert m.claim(prompt([1, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], None, []), 5) is not None
