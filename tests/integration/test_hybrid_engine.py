@@ -5,12 +5,10 @@ The answer cache is off: every answer here comes from the engine."""
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import types
 import urllib.error
-import urllib.request
 
 import numpy as np
 import psutil
@@ -21,6 +19,8 @@ from service.conversation import Conversation, Turn
 from service.images import PreparedImage
 from tests import servers
 from tests.integration.conftest import image_message, png_bytes, start_engine
+from tests.integration.test_direct_engine import _ask
+from tests.integration.test_response_format import post
 
 RUNS, REUSED = "vlfleet_vision_encoder_runs_total", "vlfleet_reused_prompt_tokens_total"
 MODEL = "qwen3-vl-2b-instruct"
@@ -42,22 +42,9 @@ def client(hybrid):
     return OpenAI(base_url=hybrid.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def _ask(client, messages, max_tokens=6):
-    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0)
-
-
 def _follow_up(first: list[dict], answer, question: str) -> list[dict]:
     return [*first, {"role": "assistant", "content": answer.choices[0].message.content},
             {"role": "user", "content": question}]
-
-
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_a_follow_up_runs_the_vision_encoder_zero_times(hybrid, client):
@@ -101,7 +88,7 @@ def test_a_crashed_language_model_fails_one_request_and_the_next_is_served(hybri
     servers.wait_for(lambda: not workers[0].is_running() or workers[0].status() == psutil.STATUS_ZOMBIE,
                      timeout=10, what="the killed worker to end")
     question = [image_message("What is this?", png_bytes((64, 64), (5, 5, 5)))]
-    status, body = _post(hybrid.url + "/v1/chat/completions", {"model": MODEL, "messages": question, "max_tokens": 4})
+    status, body = post(hybrid, {"model": MODEL, "messages": question, "max_tokens": 4})
     assert status >= 500 and "SIGKILL" in body["error"]["message"], body
     assert _ask(client, question).choices[0].message.content is not None
     status, ready = servers.get(hybrid.url + "/readyz")
@@ -197,7 +184,7 @@ def test_a_prompt_that_cannot_fit_the_context_is_a_400(request, tmp_path_factory
     server = start_engine("hybrid", request, tmp_path_factory, VLFLEET_LLAMACPP_CTX="64", VLFLEET_MAX_TOKENS="1000",
                           **ENV)
     try:
-        status, body = _post(server.url + "/v1/chat/completions", {
+        status, body = post(server, {
             "model": MODEL, "messages": [image_message("What is this?", png_bytes((64, 64)))], "max_tokens": 1000})
     finally:
         server.stop()
