@@ -352,7 +352,9 @@ def other_engine(b: Bench, engine: str) -> Iterator[dict]:
             yield {"service": {key: {"followup": _followup(s.url, b.plan, b.say)}}}
         if "structured" in b.wanted:
             yield {"service": {key: {"structured": _structured(s.url, b.plan, b.say)}}}
-        yield {"service": {key: {"peak_rss_bytes": s.peak_rss()["worker"]}}}
+        # hybrid's language model is a child process of the worker: its memory counts too
+        peak = s.peak_rss()["all" if engine == "hybrid" else "worker"]
+        yield {"service": {key: {"peak_rss_bytes": peak}}}
         if "concurrency" in b.wanted:
             yield {"concurrency": {engine: _concurrency(s.url, b.plan, b.say, engine)}}
 
