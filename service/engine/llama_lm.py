@@ -28,7 +28,15 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine.llamacpp_child import child_env, context_size, describe_exit, gguf_files, pdeathsig, threads
+from service.engine.llamacpp_child import (
+    child_env,
+    context_size,
+    describe_exit,
+    gguf_files,
+    installed_package,
+    pdeathsig,
+    threads,
+)
 from service.engine.stateful_lm import Prompt, common_prefix
 
 SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of context_size() tokens
@@ -44,14 +52,8 @@ class WorkerDied(RuntimeError):
 
 def shim_path(settings) -> Path:
     """VLFLEET_LLAMACPP_LIB, else the shim in the installed vlfleet-llama-server wheel."""
-    if settings.llamacpp_lib is not None:
-        found = Path(settings.llamacpp_lib)
-    else:
-        try:
-            import vlfleet_llama_server  # the wheel `vlfleet llamacpp.wheel` makes
-        except ImportError:
-            vlfleet_llama_server = None
-        found = vlfleet_llama_server.BIN / SHIM if vlfleet_llama_server else Path(SHIM)
+    package = installed_package()
+    found = Path(settings.llamacpp_lib or (package.BIN / SHIM if package else SHIM))
     if not found.is_file():
         raise RuntimeError(f"{SHIM} not found ({found}): install the vlfleet-llama-server wheel (`vlfleet "
                            "llamacpp.wheel`) or set VLFLEET_LLAMACPP_LIB to the one `vlfleet llamacpp.build` prints")

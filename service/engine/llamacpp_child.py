@@ -115,7 +115,7 @@ def gguf_files(model_dir: Path) -> GgufFiles:
     return files
 
 
-def _package():
+def installed_package():
     """The installed vlfleet_llama_server package (llama-server from the wheelhouse), or None."""
     try:
         import vlfleet_llama_server
@@ -127,7 +127,7 @@ def _package():
 def server_binary(configured: Path | None) -> Path:
     """VLFLEET_LLAMACPP_SERVER, else the installed package's llama-server, else llama-server on PATH; checked to
     run on this CPU when it is the package's."""
-    package = _package()
+    package = installed_package()
     found = configured or (package.server() if package else None) or shutil.which("llama-server")
     if found is None or not Path(found).is_file():
         where = configured or (package.server() if package else "not on PATH")
