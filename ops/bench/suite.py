@@ -617,7 +617,7 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
     limit, limit_source = tune.budget({})
     candidates, skipped = [], {}
     for engine, skip in tune.plan(None, None, info, clients):
-        if engine in ("llamacpp", "hybrid") and peer is None:
+        if engine in tune.LLAMACPP_RUNTIME and peer is None:
             skip = peer_error
         elif engine == "hybrid":
             skip = None  # tune measures it only when named; the bench does, so runs say where it should be default
@@ -625,7 +625,7 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
             skipped[engine] = skip
             say(f"tune: {engine} skipped: {skip}")
             continue
-        if engine in ("llamacpp", "hybrid") and crashed is not None:  # the same libllama, the same kernels
+        if engine in tune.LLAMACPP_RUNTIME and crashed is not None:  # the same libllama, the same kernels
             candidates.append(replace(crashed, engine=engine))
             say(f"tune: {engine} failed: {crashed.reason}")
             continue

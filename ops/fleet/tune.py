@@ -90,6 +90,10 @@ def parse_engines(spec: str | Iterable[str] | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(names)) or None
 
 
+# The engines that run the host's llama.cpp wheel and GGUF artifact (hybrid beside the IR's vision).
+LLAMACPP_RUNTIME = ("llamacpp", "hybrid")
+
+
 def plan(engines: Sequence[str] | None, pin: str | None, info: dict, clients: int = 1) -> list[tuple[str, str | None]]:
     """(engine, reason to skip it or None) in the order they are measured. A pin is the only candidate; without
     ``engines`` every engine is one, batching skipped for one client at a time and hybrid unless named; llamacpp
@@ -104,7 +108,7 @@ def plan(engines: Sequence[str] | None, pin: str | None, info: dict, clients: in
         elif engine == "hybrid" and not explicit:
             skip = ("measured when named (--engines ...,hybrid): it runs the host's llama.cpp wheel and GGUF "
                     "artifact beside the IR, and its bench runs so far are from one CPU class (docs/engines.md)")
-        elif engine in ("llamacpp", "hybrid"):
+        elif engine in LLAMACPP_RUNTIME:
             skip = _llamacpp_missing(info.get("llama_server") or {})
         out.append((engine, skip))
     return out

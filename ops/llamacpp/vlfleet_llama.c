@@ -23,7 +23,7 @@
 typedef struct vl_lm {
     struct llama_model *model;
     struct llama_context *ctx;
-    int32_t n_vocab, n_embd, n_embd_inp, n_batch;
+    int32_t n_vocab, n_embd_inp, n_batch;
 } vl_lm;
 
 static int vl_verbose = 0;
@@ -77,7 +77,6 @@ vl_lm *vl_open(const char *path, int32_t n_ctx, int32_t n_seq, int32_t n_threads
         return NULL;
     }
     lm->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(lm->model));
-    lm->n_embd = llama_model_n_embd(lm->model);
     lm->n_embd_inp = llama_model_n_embd_inp(lm->model);
     lm->n_batch = n_batch;
     return lm;
@@ -92,7 +91,6 @@ void vl_close(vl_lm *lm) {
 }
 
 int32_t vl_n_vocab(const vl_lm *lm) { return lm->n_vocab; }
-int32_t vl_n_embd(const vl_lm *lm) { return lm->n_embd; }
 int32_t vl_n_embd_inp(const vl_lm *lm) { return lm->n_embd_inp; }
 int32_t vl_n_ctx(const vl_lm *lm) { return (int32_t)llama_n_ctx(lm->ctx); }
 

@@ -8,12 +8,32 @@ It samples itself, so it enforces a response format itself: a JSON schema compil
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
-from service.conversation import Sampling, Timings
+from service.conversation import Conversation, Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
-from service.engine.direct_pipeline import DirectPipeline
+from service.engine.direct_pipeline import DirectPipeline, Generation
 from service.engine.events import Started, Token
 from service.engine.job import Job
+
+
+@dataclass
+class Running:
+    """One answer being generated: its job, whole conversation and timings, and what has gone out of it so far."""
+
+    job: Job
+    conversation: Conversation  # the whole conversation, earlier turns of its session included
+    started: float
+    timings: Timings
+    pieces: list[str] = field(default_factory=list)
+    pending: list[dict] = field(default_factory=list)  # logprob entries of tokens whose text has not gone out yet
+
+    def text(self, piece: str) -> None:
+        if self.timings.first_token_s is None:
+            self.timings.first_token_s = time.monotonic() - self.started
+        self.pieces.append(piece)
+        self.job.put(Token(piece, tuple(self.pending)))
+        self.pending.clear()
 
 
 class DirectEngine(Engine):
@@ -46,30 +66,29 @@ class DirectEngine(Engine):
         self.pipeline.trim()  # the warm-up image and prompt are nobody's
 
     def _generate(self, job: Job) -> None:
-        started = time.monotonic()
+        r = self._begin(job, time.monotonic())
+        stats = self.pipeline.generate(r.conversation, job.sampling, r.text, job.cancelled.is_set, r.pending.append)
+        self._end(r, stats)
+
+    def _begin(self, job: Job, started: float, record: type[Running] = Running) -> Running:
+        """The job's whole conversation and its ``record``; Started sent (before its images are encoded)."""
         conv, reused = self._resolve(job)
-        timings = Timings(queued_s=started - job.enqueued_at, reused_session=reused)
         cached = sum(self.pipeline.vision.holds(img.digest) for img in conv.images)
         job.put(Started(reused_session=reused, images=len(conv.images), cache="miss", images_cached=cached))
-        pieces: list[str] = []
-        pending: list[dict] = []  # logprob entries of the tokens whose text has not gone out yet
+        return record(job, conv, started, Timings(queued_s=started - job.enqueued_at, reused_session=reused))
 
-        def on_text(text: str) -> None:
-            if timings.first_token_s is None:
-                timings.first_token_s = time.monotonic() - started
-            pieces.append(text)
-            job.put(Token(text, tuple(pending)))
-            pending.clear()
-
-        stats = self.pipeline.generate(conv, job.sampling, on_text, job.cancelled.is_set, pending.append)
-        if pending:  # tokens that made no text (special tokens, a held-back stop string): their logprobs all the same
-            job.put(Token("", tuple(pending)))
-        timings.total_s = time.monotonic() - started
+    def _end(self, r: Running, stats: Generation, **extra) -> None:
+        """Send what is left, count what the answer reused, remember the conversation, and finish the job."""
+        if r.pending:  # tokens that made no text (special tokens, a held-back stop string): their logprobs all the same
+            r.job.put(Token("", tuple(r.pending)))
+        timings = r.timings
+        timings.total_s = time.monotonic() - r.started
         timings.prompt_tokens, timings.completion_tokens = stats.prompt_tokens, stats.completion_tokens
         timings.image_encode_s = stats.image_encode_s
-        timings.extra.update(reused_tokens=stats.reused_tokens, images_encoded=stats.images_encoded)
+        timings.extra.update(reused_tokens=stats.reused_tokens, images_encoded=stats.images_encoded, **extra)
         if self.metrics:
             self.metrics.vision_encoder_runs.inc(stats.images_encoded)
             self.metrics.reused_prompt_tokens.inc(stats.reused_tokens)
-        key = None if job.cancelled.is_set() else self._sessions.remember(conv, "".join(pieces))
-        self._finish(job, pieces, timings, key)
+        key = None if r.job.cancelled.is_set() else self._sessions.remember(r.conversation, "".join(r.pieces))
+        self._finish(r.job, r.pieces, timings, key)
+

@@ -21,12 +21,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from service.conversation import Conversation, Timings
-from service.engine.direct import DirectEngine
+from service.engine.direct import DirectEngine, Running
 from service.engine.direct_pipeline import Answer, DirectPipeline
-from service.engine.events import Started, Token
 from service.engine.job import FINISHED, RUNNING, Job
 from service.engine.llama_lm import SEQUENCES, LlamaLM, Sequence
 from service.errors import APIError
@@ -37,27 +35,14 @@ PREFILL_CHUNK = 128  # prompt tokens per turn of the loop while other answers ar
 
 
 @dataclass
-class Running:
-    """One admitted request: its answer, its sequence once claimed, and where its prompt's prefill is."""
+class Batched(Running):
+    """An answer of the batch: also its sequence once claimed, where its prompt's prefill is, and its logits."""
 
-    job: Job
-    conversation: Conversation  # the whole conversation, earlier turns of its session included
-    started: float
-    timings: Timings
     answer: Answer | None = None
     seq: Sequence | None = None
     prefill: object = None  # LlamaLM.feed's iterator while the prompt is being computed
     logits: object = None  # the logits the next token is drawn from
     batch_max: int = 0  # the most answers a decode step of this one shared (the inference log's decode_batch_max)
-    pieces: list[str] = field(default_factory=list)
-    pending: list[dict] = field(default_factory=list)  # logprob entries of tokens whose text has not gone out yet
-
-    def text(self, piece: str) -> None:
-        if self.timings.first_token_s is None:
-            self.timings.first_token_s = time.monotonic() - self.started
-        self.pieces.append(piece)
-        self.job.put(Token(piece, tuple(self.pending)))
-        self.pending.clear()
 
 
 class HybridEngine(DirectEngine):
@@ -78,8 +63,8 @@ class HybridEngine(DirectEngine):
     # --- the loop -------------------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        running: list[Running] = []
-        waiting: deque[Running] = deque()  # admitted, but no room in the KV cache yet
+        running: list[Batched] = []
+        waiting: deque[Batched] = deque()  # admitted, but no room in the KV cache yet
         limit = min(self.settings.max_batch, SEQUENCES)
         while True:
             self._admit(running, waiting, limit)
@@ -94,7 +79,7 @@ class HybridEngine(DirectEngine):
                         r.job._transition(RUNNING, FINISHED)
                     running.clear()
 
-    def _admit(self, running: list[Running], waiting: deque[Running], limit: int) -> None:
+    def _admit(self, running: list[Batched], waiting: deque[Batched], limit: int) -> None:
         """Start queued requests while fewer than ``limit`` run; block for one only when nothing runs."""
         while len(running) < limit:
             if waiting:
@@ -122,23 +107,21 @@ class HybridEngine(DirectEngine):
             r.prefill = self.pipeline.lm.feed(r.seq, r.answer.prompt, keep, PREFILL_CHUNK)
             running.append(r)
 
-    def _start(self, job: Job) -> Running | None:
+    def _start(self, job: Job) -> Batched | None:
         """The request's answer, its images encoded; None if that failed (the job is told why)."""
         job.started_at = started = time.monotonic()
         try:
-            conv, reused = self._resolve(job)
-            cached = sum(self.pipeline.vision.holds(img.digest) for img in conv.images)
-            r = Running(job, conv, started, Timings(queued_s=started - job.enqueued_at, reused_session=reused))
-            r.answer = Answer(self.pipeline, conv, job.sampling, r.text, job.cancelled.is_set, r.pending.append)
+            r = self._begin(job, started, Batched)
+            r.answer = Answer(self.pipeline, r.conversation, job.sampling, r.text, job.cancelled.is_set,
+                              r.pending.append)
         except Exception as e:
             log.exception("request failed before generation", extra={"request_id": job.request_id})
             self._fail(job, e)
             job._transition(RUNNING, FINISHED)
             return None
-        job.put(Started(reused_session=reused, images=len(conv.images), cache="miss", images_cached=cached))
         return r
 
-    def _turn(self, running: list[Running]) -> None:
+    def _turn(self, running: list[Batched]) -> None:
         """One chunk of the first prompt still being computed, then one decode step for every answer past its
         prompt; answers that end are finished and leave ``running``."""
         filling = next((r for r in running if r.prefill is not None), None)
@@ -166,24 +149,12 @@ class HybridEngine(DirectEngine):
                 r.logits = logits
                 r.batch_max = max(r.batch_max, len(steps))
 
-    def _complete(self, r: Running) -> None:
+    def _complete(self, r: Batched) -> None:
         stats = r.answer.finish()
-        if r.pending:  # tokens that made no text (special tokens, a held-back stop string): their logprobs
-            r.job.put(Token("", tuple(r.pending)))
         self.pipeline.lm.release(r.seq)
-        t = r.timings
-        t.total_s = time.monotonic() - r.started
-        t.prompt_tokens, t.completion_tokens = stats.prompt_tokens, stats.completion_tokens
-        t.image_encode_s = stats.image_encode_s
-        t.extra.update(reused_tokens=stats.reused_tokens, images_encoded=stats.images_encoded,
-                       decode_batch_max=r.batch_max)
-        if self.metrics:
-            self.metrics.vision_encoder_runs.inc(stats.images_encoded)
-            self.metrics.reused_prompt_tokens.inc(stats.reused_tokens)
-        key = None if r.job.cancelled.is_set() else self._sessions.remember(r.conversation, "".join(r.pieces))
-        self._finish(r.job, r.pieces, t, key)
+        self._end(r, stats, decode_batch_max=r.batch_max)
 
-    def _drop(self, r: Running, error: Exception) -> None:
+    def _drop(self, r: Batched, error: Exception) -> None:
         """End ``r`` with ``error``; its sequence keeps nothing (a half-fed state is nobody's conversation)."""
         if r.seq is not None:
             self.pipeline.lm.forget(r.seq)

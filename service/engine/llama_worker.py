@@ -26,7 +26,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.vl_open.restype = ctypes.c_void_p
     lib.vl_open.argtypes = [ctypes.c_char_p] + [ctypes.c_int32] * 5
     lib.vl_close.argtypes = [ctypes.c_void_p]
-    for name in ("vl_n_vocab", "vl_n_embd", "vl_n_embd_inp", "vl_n_ctx"):
+    for name in ("vl_n_vocab", "vl_n_embd_inp", "vl_n_ctx"):
         getattr(lib, name).argtypes = [ctypes.c_void_p]
         getattr(lib, name).restype = ctypes.c_int32
     lib.vl_seq_rm.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
@@ -59,7 +59,7 @@ class Model:
 
     def info(self) -> dict:
         h = self.handle
-        return {"n_vocab": self.n_vocab, "n_embd": self.lib.vl_n_embd(h), "n_embd_inp": self.lib.vl_n_embd_inp(h),
+        return {"n_vocab": self.n_vocab, "n_embd_inp": self.lib.vl_n_embd_inp(h),
                 "n_ctx": self.lib.vl_n_ctx(h)}
 
     def seq_rm(self, seq: int, p0: int) -> None:
