@@ -75,6 +75,7 @@ def ansible_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
         "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(root / "roles"),
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "ops" / "ansible_plugins" / "callback"),
+        "ANSIBLE_LOOKUP_PLUGINS": str(root / "ops" / "ansible_plugins" / "lookup"),
         "ANSIBLE_CALLBACKS_ENABLED": "vlfleet_profile",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
@@ -163,9 +164,7 @@ def run_playbook(
 def host_python_versions(inventory: Path | str, pattern: str = "vlm", timeout: float = 120) -> dict[str, str]:
     """Ask every host matching ``pattern`` for its python3 version ("3.10"), with an ad-hoc ansible call."""
     binary = ansible_playbook_binary().replace("ansible-playbook", "ansible")
-    code = "import sys; print('%d.%d' % sys.version_info[:2])"
-    cmd = [binary, pattern, "-i", str(inventory), "-o", "-m", "ansible.builtin.command",
-           "-a", f'python3 -c "{code}"']
+    cmd = [binary, pattern, "-i", str(inventory), "-o", "-m", "ansible.builtin.command", "-a", "python3 --version"]
     try:
         done = subprocess.run(cmd, env=ansible_env(), cwd=repo_root(), capture_output=True, text=True,
                               timeout=timeout)
@@ -173,10 +172,10 @@ def host_python_versions(inventory: Path | str, pattern: str = "vlm", timeout: f
         raise PlaybookError(f"asking the hosts for their Python version timed out after {timeout:.0f} s") from e
     versions: dict[str, str] = {}
     for line in done.stdout.splitlines():
-        # "host | CHANGED | rc=0 | (stdout) 3.11"
+        # "host | CHANGED | rc=0 | (stdout) Python 3.11.2"
         parts = [p.strip() for p in line.split("|")]
-        if len(parts) >= 4 and parts[3].startswith("(stdout)"):
-            versions[parts[0]] = parts[3].removeprefix("(stdout)").strip()
+        if len(parts) >= 4 and parts[3].startswith("(stdout) Python 3."):
+            versions[parts[0]] = ".".join(parts[3].split()[2].split(".")[:2])
     if done.returncode != 0 or not versions:
         raise PlaybookError(f"could not read the Python version of the {pattern} hosts:\n{done.stdout}{done.stderr}")
     return versions

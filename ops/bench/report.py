@@ -198,9 +198,9 @@ def tune_section(results: dict, key: str = "tune") -> list[str]:
     command, asked = ("`vlfleet tune`", f"{tune.get('runs')} answers") if clients == 1 else (
         f"`vlfleet tune --clients {clients}`", f"{tune.get('runs')} runs of {clients} answers asked at once")
     return [f"## The engine {command} picks on this machine ({tune.get('tokens')}-token answers)", "",
-            f"Each engine started alone and timed by the probe hosts run (`service.probe latency`: {asked}, a new "
-            "416x277 image each), scored and picked by `ops.fleet.tune` (median time to the whole answer, within "
-            f"the memory budget: {tune.get('budget')}). Peak RSS: all of the service's processes. "
+            "Each engine started alone and timed by the probe hosts run (the host program's `latency` probe: "
+            f"{asked}, a new 416x277 image each), scored and picked by `ops.fleet.tune` (median time to the whole "
+            f"answer, within the memory budget: {tune.get('budget')}). Peak RSS: all of the service's processes. "
             f"Picked: **{tune.get('engine')}** ({tune.get('why')}).", "",
             table(["engine", "status", f"time to {tune.get('tokens')} tokens (s)", "first token (s)", "ms/token",
                    "peak RSS (GB)", "ready after (s)", "note"], rows), ""]

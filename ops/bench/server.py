@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from ops import client
 from ops.bench.memory import children, memory_status, peak_rss_bytes, tree_peak_rss_bytes
+from ops.host import client
 from ops.process import die_with_parent, kill_session, terminate
 
 # Benchmarks measure generation: repeated prompts must not be answered from the answer cache.

@@ -593,7 +593,7 @@ def measure_peer(inputs: PeerInputs, plan: Plan, say: Callable[[str], None]) -> 
 def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Callable[[], PeerInputs] | None,
                  say: Callable[[str], None], clients: int = 1) -> dict:
     """`vlfleet tune [--clients N]`'s choice on this machine, made by its own code: the engines it would measure
-    (ops.fleet.tune plan), each started alone and timed by the probe a host runs (service.probe latency:
+    (ops.fleet.tune plan), each started alone and timed by the probe a host runs (the host program's latency probe:
     ``plan.tokens`` tokens, a new image each answer, ``clients`` answers at once), then scored and picked by the same
     functions. The peak is the whole process tree's, as a host reads it over the unit's cgroup (a llama-server child
     included)."""

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from PIL import Image
 
-from ops import client
+from ops.host import client
 
 PROMPT = "Describe this image in detail."
 

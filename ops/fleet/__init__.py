@@ -1,10 +1,9 @@
-"""The live fleet over SSH: its inventory, the host agent and how it is called, releases, rollout, rollback, rolling
-restart and status.
+"""The live fleet over SSH: its inventory, the host program and how it is called, releases, rollout, rollback,
+rolling restart and status.
 
   inventory     hosts, groups and variables as Ansible reads them
-  transport     Fabric connections, the host agent's command line and answer, the steps that change one host
-  host_agent    the host side, run as root with the distribution's python3 (its source travels with each call;
-                the roles run the same file): the one owner of the release steps on a host
+  host_program  the host program (ops/host/) as one file: built, put on a host, checked by sha256
+  transport     Fabric connections, the host program's command line and answer, the steps that change one host
   release       a release to roll out, what it changes in the env file, staging it on a host
   batches       batching and the --max-fail stop of a rolling change, independent of how a host is changed
   rollout       rollout, rollback, rolling restart
@@ -17,11 +16,34 @@ from ops.fleet.inventory import FleetError, Host, Inventory, load_inventory, par
 from ops.fleet.release import Release, env_changes, parse_env, stage_release
 from ops.fleet.rollout import restart, rollback, rollout
 from ops.fleet.status import status, status_table
-from ops.fleet.transport import Fleet, StepError, Timeouts, agent_args, agent_command_name, parse_agent_output
+from ops.fleet.transport import Fleet, StepError, Timeouts, parse_step_output, step_args, step_name
 
 __all__ = [
-    "Fleet", "FleetError", "Host", "HostResult", "Inventory", "Outcome", "Release", "Report", "RolloutError",
-    "StepError", "Timeouts", "agent_args", "agent_command_name", "describe_error", "env_changes", "format_table",
-    "load_inventory", "parse_agent_output", "parse_env", "parse_inventory_json", "restart", "rollback",
-    "rollout", "run_batches", "stage_release", "status", "status_table",
+    "Fleet",
+    "FleetError",
+    "Host",
+    "HostResult",
+    "Inventory",
+    "Outcome",
+    "Release",
+    "Report",
+    "RolloutError",
+    "StepError",
+    "Timeouts",
+    "describe_error",
+    "env_changes",
+    "format_table",
+    "load_inventory",
+    "parse_env",
+    "parse_inventory_json",
+    "parse_step_output",
+    "restart",
+    "rollback",
+    "rollout",
+    "run_batches",
+    "stage_release",
+    "status",
+    "status_table",
+    "step_args",
+    "step_name",
 ]

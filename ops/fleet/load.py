@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ops import client
+from ops.host import client
 
 CLIENTS = 2
 MAX_REQUESTS = 5000  # per load run, whatever happens

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ops.fleet.host_agent as host_agent
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet
-from service.contract import HOST_NAMES
+from service.contract import HOST_NAMES, RELEASE_ID
 from service.settings import unknown_names
 
 
@@ -29,10 +29,8 @@ class Release:
     env: dict[str, str] = field(default_factory=dict)  # VLFLEET_* changes; an empty value removes the variable
 
     def __post_init__(self) -> None:
-        try:
-            host_agent.check_id(self.id)
-        except host_agent.AgentError as e:
-            raise FleetError(f"--release: {e}") from None
+        if not re.match(RELEASE_ID, self.id or ""):
+            raise FleetError(f"--release: release id {self.id!r}: use letters, digits, '.', '_' and '-' (at most 64)")
         if self.wheelhouse is not None and not (self.wheelhouse / "requirements.txt").is_file():
             raise FleetError(f"--wheelhouse {self.wheelhouse}: no requirements.txt there; build one with "
                              f"`vlfleet wheelhouse.build --python X.Y --out DIR`")
@@ -111,14 +109,14 @@ def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, 
             upload = f"/tmp/vlfleet-upload-{sha[:12]}"  # a fresh dir of the SSH user, moved by root
             _upload_dir(conn, release.wheelhouse, upload)  # type: ignore[arg-type]
             dest = f"{h.root}/wheelhouses/{release.id}"
-            fleet.agent(name, "place", {"src": upload, "dest": dest})
+            fleet.step(name, "place", {"src": upload, "dest": dest})
             args["wheelhouse"] = dest
-    done = fleet.agent(name, "stage", args, timeout=1900)
+    done = fleet.step(name, "stage", args, timeout=1900)
     what = f"venv {done['venv']}"
     if release.artifact_id and release.artifact_id not in info["models"]:
         upload = f"/tmp/vlfleet-upload-{release.artifact_id[:40]}"  # as above
         _upload_dir(conn, release.artifact, upload)  # type: ignore[arg-type]
-        fleet.agent(name, "place", {"src": upload, "dest": f"{h.root}/models/{release.artifact_id}",
+        fleet.step(name, "place", {"src": upload, "dest": f"{h.root}/models/{release.artifact_id}",
                                     "verify_with": f"{h.root}/releases/{release.id}/venv/bin/python"},
                     timeout=1900)
         what += f", model {release.artifact_id} copied and verified"

@@ -25,7 +25,7 @@ def rollout(fleet: Fleet, release: Release, *, batch: str = "1,25%,50%", max_fai
                 raise StepError("no current release on the host: converge it with `vlfleet site` first")
             before = info["current"]
             if before == release.id:
-                probe = fleet.probe(name)
+                probe = fleet.status(name)
                 if probe.get("readyz_status") == 200:
                     return HostResult(name, Outcome.UNCHANGED, release=before, before=before,
                                       message="already on it and ready")
@@ -37,7 +37,7 @@ def rollout(fleet: Fleet, release: Release, *, batch: str = "1,25%,50%", max_fai
         result.message = f"{staged}; {result.message}"
         if result.outcome is Outcome.OK:
             try:
-                pruned = fleet.agent(name, "prune", {"root": fleet.host(name).root, "keep": keep})
+                pruned = fleet.step(name, "prune", {"root": fleet.host(name).root, "keep": keep})
                 if pruned["removed"]:
                     result.message += f"; pruned {', '.join(pruned['removed'])}"
             except Exception as e:  # pruning is housekeeping; the host is fine

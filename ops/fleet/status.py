@@ -20,7 +20,7 @@ def status(fleet: Fleet, parallel: int = 8) -> list[dict]:
     def one(host: Host) -> dict:
         row: dict[str, Any] = {"host": host.name}
         try:
-            p = fleet.probe(host.name)
+            p = fleet.status(host.name)
         except Exception as e:  # shown in the table
             row["error"] = str(e) if isinstance(e, StepError) else describe_error(e)[1]
             return row

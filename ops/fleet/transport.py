@@ -1,7 +1,7 @@
-"""Talking to the live fleet's hosts over SSH with Fabric: one connection per host, the host agent's command line
-(ops/fleet/host_agent.py, whose source travels with every call: `sudo python3 -c ...`, so a host needs only its
-distribution's python3) and its answer, and the steps that change one host (drain in nginx, quiesce, activate and
-gate, undrain; back to the previous release on a failed gate)."""
+"""Talking to the live fleet's hosts over SSH with Fabric: one connection per host, the host program's command line
+(ops/host/, put on each host once per version by ops/fleet/host_program.py: `sudo python3 <program> STEP ARGS`, so a
+host needs only its distribution's python3) and its answer, and the steps that change one host (drain in nginx,
+quiesce, activate and gate, undrain; back to the previous release on a failed gate)."""
 
 from __future__ import annotations
 
@@ -11,43 +11,38 @@ import json
 import re
 import shlex
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ops.fleet.host_agent as host_agent
+from ops.fleet import host_program
 from ops.fleet.batches import HostResult, Outcome, describe_error
 from ops.fleet.inventory import FleetError, Host, Inventory
-from service.probe import TUNED_FILE
-
-AGENT_SOURCE = Path(host_agent.__file__).read_text()
+from service.contract import TUNED_FILE
 
 
 class StepError(RuntimeError):
-    """A host step reported a failure (the host agent's error, or a bad answer)."""
+    """A host step reported a failure (the host program's error, or a bad answer)."""
 
 
-
-def _agent_command(python: str, command: str, args: Mapping[str, Any], lock: str | None = None) -> str:
-    code = base64.b64encode(zlib.compress(AGENT_SOURCE.encode(), 9)).decode()
-    boot = f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{code}')))"
+def step_command(python: str, program: str, step: str, args: Mapping[str, Any], lock: str | None = None) -> str:
+    """``sudo -n [flock LOCK] PYTHON PROGRAM STEP BASE64-JSON``: one step of the host program at ``program``."""
     payload = base64.b64encode(json.dumps(dict(args)).encode()).decode()
     prefix = f"sudo -n flock {shlex.quote(lock)} " if lock else "sudo -n "
-    return f"{prefix}{python} -c {shlex.quote(boot)} {command} {payload}"
+    return f"{prefix}{python} {shlex.quote(program)} {step} {payload}"
 
 
-def agent_command_name(cmd: str) -> str:
-    """The host agent subcommand a command line runs (for tests and logs)."""
+def step_name(cmd: str) -> str:
+    """The host program step a command line runs (for tests and logs)."""
     return cmd.split()[-2]
 
 
-def agent_args(cmd: str) -> dict:
+def step_args(cmd: str) -> dict:
     return json.loads(base64.b64decode(cmd.split()[-1]))
 
 
-def parse_agent_output(stdout: str, stderr: str, exited: int) -> dict:
+def parse_step_output(stdout: str, stderr: str, exited: int) -> dict:
     lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
     if lines:
         try:
@@ -62,7 +57,7 @@ def parse_agent_output(stdout: str, stderr: str, exited: int) -> dict:
     tail = (stderr or stdout).strip().splitlines()[-3:]
     if exited != 0 and any("sudo" in line and "password" in line for line in tail):
         raise StepError("sudo asks for a password: the SSH user needs passwordless sudo on the host")
-    raise StepError(f"host agent failed (exit {exited}): {' | '.join(tail)[:400] or 'no output'}")
+    raise StepError(f"host program failed (exit {exited}): {' | '.join(tail)[:400] or 'no output'}")
 
 
 @dataclass
@@ -78,7 +73,7 @@ class Fleet:
 
     def __init__(self, inventory: Inventory, *, group: str = "vlm", lb_group: str = "lb",
                  limit: Iterable[str] | None = None, timeouts: Timeouts | None = None,
-                 echo: Callable[[str], None] | None = print) -> None:
+                 echo: Callable[[str], None] | None = print, ship: bool = True) -> None:
         from fabric import Connection
 
         self.inventory = inventory
@@ -97,6 +92,8 @@ class Fleet:
         self.hosts: list[Host] = members
         self.lbs: list[Host] = inventory.group(lb_group)
         self._lb_lock = threading.Lock()
+        self.program = host_program.build()
+        self._shipped: dict[str, str] = {} if ship else dict.fromkeys(inventory.hosts, self.program.remote)
         # Connections are made up front, in inventory order: a host's connection is used by one thread at a time.
         self.conns = {h.name: self._connect(Connection, h) for h in self.hosts + self.lbs}
 
@@ -124,13 +121,36 @@ class Fleet:
     def host(self, name: str) -> Host:
         return self.inventory.hosts[name]
 
-    def agent(self, name: str, command: str, args: Mapping[str, Any], timeout: float | None = None,
-              lock: str | None = None) -> dict:
-        host = self.host(name)
-        cmd = _agent_command(host.python, command, args, lock)
+    def program_on(self, name: str) -> str:
+        """The host program's path on host ``name``, put there first unless it is there already (one host's
+        connection is used by one thread at a time, so is its entry here)."""
+        if name not in self._shipped:
+            try:
+                self._shipped[name] = host_program.ensure(self.conns[name], self.program)
+            except host_program.ShipError as e:
+                raise StepError(str(e)) from None
+        return self._shipped[name]
+
+    def step(self, name: str, step: str, args: Mapping[str, Any], timeout: float | None = None,
+             lock: str | None = None) -> dict:
+        """Run host program step ``step`` on host ``name`` (as root); its answer, or StepError."""
+        cmd = step_command(self.host(name).python, self.program_on(name), step, args, lock)
         res = self.conns[name].run(cmd, hide=True, warn=True, in_stream=False,
                                    timeout=timeout or self.timeouts.command)
-        return parse_agent_output(res.stdout, res.stderr, res.exited)
+        return parse_step_output(res.stdout, res.stderr, res.exited)
+
+    def probe(self, name: str, command: str, *args: object, python: str | None = None,
+              timeout: float = 120.0) -> Any:
+        """Run the host program's probe ``command`` on host ``name`` as root with ``python`` (default the host's
+        python3; the release venv's for the probes that ask the service); its JSON answer, or StepError."""
+        argv = [python or self.host(name).python, self.program_on(name), command, *(str(a) for a in args)]
+        done = self.conns[name].run(shlex.join(["sudo", "-n", *argv]), hide=True, warn=True, in_stream=False,
+                                    timeout=timeout)
+        try:
+            return json.loads(done.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise StepError(f"the {command} probe failed (exit {done.exited}): "
+                            f"{(done.stderr or done.stdout).strip()[-300:]}") from None
 
     # -- load balancer -------------------------------------------------------------------------------------------
 
@@ -141,21 +161,21 @@ class Fleet:
         with self._lb_lock:
             for lb in self.lbs:
                 site = f"/etc/nginx/sites-available/{lb.var('lb_site_name', 'vlfleet')}"
-                self.agent(lb.name, "lb", {"site": site, "drain": drain, "undrain": undrain},
+                self.step(lb.name, "lb", {"site": site, "drain": drain, "undrain": undrain},
                            lock="/run/lock/vlfleet-lb.lock")
 
     # -- one host ------------------------------------------------------------------------------------------------
 
     def describe(self, name: str) -> dict:
-        return self.agent(name, "describe", {"root": self.host(name).root})
+        return self.step(name, "describe", {"root": self.host(name).root})
 
-    def probe(self, name: str) -> dict:
+    def status(self, name: str) -> dict:
         h = self.host(name)
-        return self.agent(name, "probe", {"root": h.root, "unit": h.unit, "record": TUNED_FILE}, timeout=60)
+        return self.step(name, "status", {"root": h.root, "unit": h.unit, "record": TUNED_FILE}, timeout=60)
 
     def activate(self, name: str, release: str | None) -> dict:
         h = self.host(name)
-        return self.agent(name, "activate", {"root": h.root, "unit": h.unit, "release": release,
+        return self.step(name, "activate", {"root": h.root, "unit": h.unit, "release": release,
                                              "timeout": self.timeouts.ready},
                           timeout=self.timeouts.ready + 180)
 
@@ -167,7 +187,7 @@ class Fleet:
             self.set_drained([name], [])
             drained = True
             h = self.host(name)
-            q = self.agent(name, "quiesce", {"root": h.root, "timeout": self.timeouts.drain},
+            q = self.step(name, "quiesce", {"root": h.root, "timeout": self.timeouts.drain},
                            timeout=self.timeouts.drain + 60)
             note = f"drained ({q['waited_s']:.0f}s" + (f", {q['left']} request(s) cut off)" if q["left"] else ")")
             res = self.activate(name, release)

@@ -1,12 +1,13 @@
 """`vlfleet tune`: a measured choice of engine per host.
 
-Engines differ per CPU, so each host measures its own. For every engine the host can run, tune starts the service
-on it (the override env file the unit reads after the release's, service.probe.ENGINE_ENV_FILE), waits for /readyz,
-times ``runs`` answers of ``tokens`` tokens, each about a new image, from the host itself (`service.probe latency`) and
-reads the service's peak RSS. The score is the median time to the complete answer (first token + the rest of the
-tokens). The fastest engine whose peak fits the host's memory budget wins, unless one is pinned (`--engine`, or
-`vlfleet_engine` in the host's inventory vars); the service is restarted on it and the record is written on the
-host (service.probe.TUNED_FILE) and on the controller (tune-<host>.json). The host is out of nginx meanwhile.
+Engines differ per CPU, so each host measures its own. For every engine the host can run, tune starts the service on
+it (the override env file the unit reads after the release's, service.contract.ENGINE_ENV_FILE), waits for /readyz,
+times ``runs`` answers of ``tokens`` tokens, each about a new image, from the host itself (the host program's
+`latency` probe) and reads the service's peak RSS. The score is the median time to the complete answer (first token
++ the rest of the tokens). The fastest engine whose peak fits the host's memory budget wins, unless one is pinned
+(`--engine`, or `vlfleet_engine` in the host's inventory vars); the service is restarted on it and the record is
+written on the host (service.contract.TUNED_FILE) and on the controller (tune-<host>.json). The host is out of nginx
+meanwhile.
 
 The choices (plan, budget, score, pick, record) are pure functions, apart from the steps that talk to a host.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shlex
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ops.fleet.batches import describe_error, format_table
-from ops.fleet.host_agent import service_address
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet, StepError, _journal_hint
+from ops.host.layout import service_address
 from ops.machine import isa
-from service import probe as service_probe
-from service.contract import ENGINES
+from service.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
 
 RECORD_VERSION = 1
 MiB = 1024 * 1024
@@ -154,7 +153,7 @@ def budget(info: dict) -> tuple[int | None, str]:
 
 
 def score(runs: Sequence[dict], tokens: int) -> tuple[float | None, str]:
-    """The median time to a complete answer of ``tokens`` tokens over ``runs`` (service.probe latency rows); None
+    """The median time to a complete answer of ``tokens`` tokens over ``runs`` (the latency probe's rows); None
     and the reason when any run did not give one (an engine that fails some answers is not a candidate)."""
     if not runs:
         return None, "no answer was timed"
@@ -239,25 +238,19 @@ class _Host:
         self.fleet, self.name, self.opts = fleet, name, opts
         self.host = fleet.host(name)
 
-    def agent(self, command: str, args: dict, timeout: float | None = None) -> dict:
-        return self.fleet.agent(self.name, command, {"root": self.host.root, "unit": self.host.unit, **args},
+    def step(self, command: str, args: dict, timeout: float | None = None) -> dict:
+        return self.fleet.step(self.name, command, {"root": self.host.root, "unit": self.host.unit, **args},
                                 timeout=timeout)
 
     def info(self) -> dict:
-        return self.agent("tune_info", {"override": service_probe.ENGINE_ENV_FILE,
-                                        "record": service_probe.TUNED_FILE})
+        return self.step("tune_info", {"override": ENGINE_ENV_FILE,
+                                        "record": TUNED_FILE})
 
     def cpu(self) -> dict:
-        cmd = shlex.join(["sudo", "-n", *service_probe.argv(self.host.python, "facts", self.host.root)])
-        done = self.fleet.conns[self.name].run(cmd, hide=True, warn=True, in_stream=False, timeout=120)
-        try:
-            return service_probe.parse(done.stdout)
-        except (ValueError, IndexError):
-            raise StepError(f"reading the CPU failed (exit {done.exited}): "
-                            f"{(done.stderr or done.stdout).strip()[-300:]}") from None
+        return self.fleet.probe(self.name, "facts", self.host.root)
 
     def set_engine(self, engine: str | None) -> dict:
-        return self.agent("set_engine", {"override": service_probe.ENGINE_ENV_FILE, "engine": engine,
+        return self.step("set_engine", {"override": ENGINE_ENV_FILE, "engine": engine,
                                          "timeout": self.opts.ready_timeout},
                           timeout=self.opts.ready_timeout + 180)
 
@@ -268,20 +261,18 @@ class _Host:
         # one answer may wait for the n - 1 asked with it: each gets n times the bound of a lone one
         args = [addr, port, self.opts.tokens, self.opts.runs, self.opts.probe_timeout * n,
                 env.get("VLFLEET_API_KEYS_FILE", ""), n]  # the keys file is read on the host: keys never leave it
-        cmd = shlex.join(["sudo", "-n", *service_probe.argv(python, "latency", *args)])
-        done = self.fleet.conns[self.name].run(cmd, hide=True, warn=True, in_stream=False,
-                                               timeout=self.opts.probe_timeout * n * self.opts.runs + 60)
         try:
-            return service_probe.parse(done.stdout)
-        except (ValueError, IndexError):
-            return [{"error": f"latency probe exited {done.exited}: {(done.stderr or done.stdout).strip()[-300:]}"}]
+            return self.fleet.probe(self.name, "latency", *args, python=python,
+                                    timeout=self.opts.probe_timeout * n * self.opts.runs + 60)
+        except StepError as e:
+            return [{"error": str(e)}]
 
     def measure(self, engine: str, env: dict, limit: int | None) -> Candidate:
         started = self.set_engine(engine)
         if not started["ok"]:
             return Candidate(engine, FAILED, reason=started["reason"] + _journal_hint(started.get("journal")))
         runs = self.latency(env)
-        mem = self.agent("peak", {})
+        mem = self.step("peak", {})
         return evaluate(engine, runs, self.opts.tokens, mem.get("peak_rss_bytes"), limit, started.get("ready_s"))
 
 
@@ -314,14 +305,14 @@ def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None
     try:
         fleet.set_drained([name], [])
         drained = True
-        h.agent("quiesce", {"timeout": fleet.timeouts.drain}, timeout=fleet.timeouts.drain + 60)
+        h.step("quiesce", {"timeout": fleet.timeouts.drain}, timeout=fleet.timeouts.drain + 60)
         result = _choose_and_run(h, steps, pin, info, limit, echo)
         if result.ok:
             result.record = record(name, result.engine, result.message, bool(pin), result.candidates,
                                    result.skipped, opts, limit, cpu, info, time.monotonic() - started)
-            h.agent("write_record", {"path": service_probe.TUNED_FILE, "record": result.record})
+            h.step("write_record", {"path": TUNED_FILE, "record": result.record})
             path = _controller_copy(result.record, opts.out)
-            echo(f"[tune] {name}: runs {result.engine}: {result.message}; record: {service_probe.TUNED_FILE}, {path}")
+            echo(f"[tune] {name}: runs {result.engine}: {result.message}; record: {TUNED_FILE}, {path}")
         if not result.stranded:
             fleet.set_drained([], [name])
             drained = False

@@ -32,18 +32,8 @@ SERVER = "llama-server"
 _DATE = (1980, 1, 1, 0, 0, 0)  # zip's epoch: the same build gives the same bytes
 _NEEDED = re.compile(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]")
 
-INIT_PY = '''"""llama.cpp's llama-server as vlfleet built it, with the shared libraries it needs."""
-
-import json
-from pathlib import Path
-
-BIN = Path(__file__).parent / "bin"
-BUILD = json.loads((Path(__file__).parent / "build.json").read_text())
-
-
-def server() -> Path:
-    return BIN / "llama-server"
-'''
+# The package's __init__.py: a file of its own, never imported here (it reads the wheel's build.json)
+INIT_PY = Path(__file__).with_name("wheel_init.py")
 
 
 class WheelError(RuntimeError):
@@ -151,7 +141,7 @@ def _metadata(version: str) -> str:
 def _entries(build: Build) -> list[tuple[str, bytes, int]]:
     """(path in the wheel, content, unix mode) of every file but RECORD."""
     info = _dist_info(build)
-    entries = [(f"{DIST}/__init__.py", INIT_PY.encode(), 0o644),
+    entries = [(f"{DIST}/__init__.py", INIT_PY.read_bytes(), 0o644),
                (f"{DIST}/build.json", (json.dumps(build_json(build), indent=2) + "\n").encode(), 0o644)]
     entries += [(f"{DIST}/bin/{name}", path.read_bytes(), 0o755) for name, path in sorted(binaries(build).items())]
     wheel = f"Wheel-Version: 1.0\nGenerator: vlfleet\nRoot-Is-Purelib: false\nTag: {TAG}\n"

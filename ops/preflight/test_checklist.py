@@ -19,7 +19,10 @@ from pathlib import PurePosixPath
 import pytest
 
 from ops.preflight.plugin import check, not_applicable
-from service import probe as service_probe
+from ops.fleet import host_program
+from ops.host import client
+from ops.host.layout import service_address
+from service.contract import TUNED_FILE
 
 GiB = 1024**3
 MiB = 1024**2
@@ -72,12 +75,31 @@ def run(host, command: str, *args: object, timeout: int = 60, sudo: bool = True)
     return host.run(line, *[str(a) for a in args])
 
 
+@functools.cache
+def program_on(host) -> str:
+    """The host program's path on the host, put there unless it is there with its sha256: with the ansible://
+    backend's copy module (as root); a local:// host runs the controller's archive."""
+    program = host_program.build()
+    if host.backend.NAME == "local":
+        return str(program.path)
+    if run(host, "sha256sum %s", program.remote).stdout.split()[:1] != [program.sha256]:
+        if host.backend.NAME != "ansible":
+            raise AssertionError(f"the host program is not on the host ({program.remote}) and the {host.backend.NAME}"
+                                 ":// backend cannot put it there: run the checklist with --hosts=ansible://...")
+        done = host.ansible("copy", f"src={program.path} dest={program.remote.rsplit('/', 1)[0]}/ owner=root "
+                            "group=root mode=0644", check=False, become=not is_root(host))
+        if done.get("failed") or run(host, "sha256sum %s", program.remote).stdout.split()[:1] != [program.sha256]:
+            raise AssertionError(f"could not put the host program at {program.remote}: {done.get('msg', '')}")
+    return program.remote
+
+
 def probe(host, python: str, command: str, *args: object, timeout: int = 60):
-    """Run ``python -m service.probe COMMAND ARGS`` on the host (as root); its last stdout line is JSON."""
-    line = service_probe.argv(python, command, *args)
+    """Run the host program's probe ``command`` on the host with ``python`` (as root); its last stdout line is
+    JSON."""
+    line = [python, program_on(host), command, *(str(a) for a in args)]
     res = run(host, " ".join(["%s"] * len(line)), *line, timeout=timeout)
     try:
-        return service_probe.parse(res.stdout)
+        return json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise AssertionError(f"{python} could not run the {command} probe (exit {res.rc}): "
                              f"{(res.stderr or res.stdout).strip()[-400:]}") from None
@@ -87,7 +109,7 @@ def probe(host, python: str, command: str, *args: object, timeout: int = 60):
 
 @pytest.fixture(scope="module")
 def facts(host, cfg: Config) -> dict[str, str]:
-    """Every shell-level fact of the host, read by one root process (service.probe snapshot): section -> text."""
+    """Every shell-level fact of the host, read by one root process (the host program's snapshot probe): section -> text."""
     try:
         sections = probe(host, SYSTEM_PYTHON, "snapshot", cfg.root, cfg.service, timeout=120)
     except AssertionError as e:
@@ -166,19 +188,13 @@ def df_rows(text: str, *paths: str) -> list[dict]:
     return [{"path": p, "mount": r[0], "fstype": r[1], "avail": int(r[2])} for p, r in zip(paths, rows, strict=True)]
 
 
-def service_address(env: dict) -> tuple[str, int]:
-    addr = env.get("VLFLEET_HOST", "127.0.0.1")
-    return ("127.0.0.1" if addr in ("", "0.0.0.0", "::", "*") else addr), int(env.get("VLFLEET_PORT", 8000))
-
-
 def readyz_url(env: dict) -> str:
-    addr, port = service_address(env)
-    return f"http://{addr if ':' not in addr else '[' + addr + ']'}:{port}/readyz"
+    return client.base_url(*service_address(env)) + "/readyz"
 
 
 @pytest.fixture(scope="module")
 def runtime(host, release) -> dict:
-    """The service venv's Python version and runtime distributions (service.probe runtime-versions), or the error."""
+    """The service venv's Python version and runtime distributions (the runtime-versions probe), or the error."""
     python, _ = need_release(release)
     try:
         return probe(host, python, "runtime-versions", timeout=120)
@@ -486,13 +502,13 @@ def test_streamed_answer(host, release, cfg, record_property):
 @check("ENGINE-TUNED")
 def test_engine_is_the_tuned_one(host, facts, release, record_property):
     if not facts["tuned"]:
-        not_applicable(f"never tuned: no {service_probe.TUNED_FILE} (`vlfleet tune` writes it); the service runs the "
+        not_applicable(f"never tuned: no {TUNED_FILE} (`vlfleet tune` writes it); the service runs the "
                        "release's VLFLEET_ENGINE")
     try:
         tuned = json.loads(facts["tuned"])
         want = tuned["engine"]
     except (ValueError, KeyError, TypeError):
-        raise AssertionError(f"{service_probe.TUNED_FILE} is not a tune record: {facts['tuned'][:200]}") from None
+        raise AssertionError(f"{TUNED_FILE} is not a tune record: {facts['tuned'][:200]}") from None
     python, env = need_release(release)
     answer = probe(host, python, "readyz", readyz_url(env), timeout=30)
     running = (answer["body"] or {}).get("engine") if isinstance(answer["body"], dict) else None

@@ -1,11 +1,11 @@
 """What `vlfleet report` gathers from the hosts themselves, and the files it writes.
 
-Per service host (group `vlm`), over SSH: release, artifact and engine (`/readyz`, via ops.fleet's host agent; the
-engine `vlfleet tune` chose, from its record), CPU model and
-ISA flags, the launcher's core pinning (/run/vlfleet/cpu-plan.json), memory and swap (`service.probe facts`), and a
-short probe: real streamed requests to the host's service, timed on the host (`service.probe latency`: first token,
-ms per token). Then the pre-launch checklist (ops.preflight) for the host x check matrix, or a `vlfleet preflight
---json` report given instead.
+Per service host (group `vlm`), over SSH with the host program (ops/host/): release, artifact and engine (its
+`status` step: `/readyz`, and the engine `vlfleet tune` chose, from its record), CPU model and ISA flags, the
+launcher's core pinning (/run/vlfleet/cpu-plan.json), memory and swap (its `facts` probe), and a short probe: real
+streamed requests to the host's service, timed on the host (its `latency` probe: first token, ms per token). Then
+the pre-launch checklist (ops.preflight) for the host x check matrix, or a `vlfleet preflight --json` report given
+instead.
 
 Written to one directory: report.json (everything), first_token.png and ms_per_token.png, and report.html (one
 self-contained page: inline CSS, the charts embedded; ops/report/page.py renders it).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shlex
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from ops.machine import isa
-from service import probe as service_probe
 
 REPORT_VERSION = 1
 OUTLIER_RATIO = 1.25  # a host this much slower than the fleet median is called out as an outlier
@@ -47,7 +45,7 @@ class Options:
 
 
 def parse_facts(sections: dict[str, Any]) -> dict[str, Any]:
-    """`service.probe facts` -> CPU, memory, swap, pinning and service address."""
+    """the host program's `facts` probe -> CPU, memory, swap, pinning and service address."""
     mem = {k: int(v.split()[0]) * 1024 for k, v in
            (ln.split(":", 1) for ln in sections.get("meminfo", "").splitlines() if ":" in ln)}
     env = dict(ln.split("=", 1) for ln in sections.get("env", "").splitlines()
@@ -126,29 +124,16 @@ def locality(metrics_text: str) -> dict[str, Any]:
             "conversations_continued": int(total("session_reuse"))}
 
 
-def _facts(conn, host) -> dict[str, Any]:
-    """`service.probe facts`, as root with the system python3 (it reads what only root may)."""
+def _latency(fleet, name: str, row: dict[str, Any], opts: Options) -> list[dict]:
+    """The host program's latency probe with the release venv's python: the timed runs, or one row with the error."""
     from ops.fleet.transport import StepError
 
-    cmd = shlex.join(["sudo", "-n", *service_probe.argv(host.python, "facts", host.root)])
-    done = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=120)
     try:
-        return service_probe.parse(done.stdout)
-    except (ValueError, IndexError):
-        raise StepError(f"reading host facts failed (exit {done.exited}): "
-                        f"{(done.stderr or done.stdout).strip()[-300:]}") from None
-
-
-def _latency(conn, host, row: dict[str, Any], opts: Options) -> list[dict]:
-    """`service.probe latency` with the release venv's python: the timed runs, or one row with the error."""
-    python = f"{host.root}/current/venv/bin/python"
-    cmd = shlex.join(service_probe.argv(python, "latency", row["service_host"], row["service_port"],
-                                        opts.probe_tokens, opts.probe_runs, opts.probe_timeout))
-    done = conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=opts.probe_timeout * opts.probe_runs + 60)
-    try:
-        return service_probe.parse(done.stdout)
-    except (ValueError, IndexError):
-        return [{"error": f"probe exited {done.exited}: {(done.stderr or done.stdout).strip()[-300:]}"}]
+        return fleet.probe(name, "latency", row["service_host"], row["service_port"], opts.probe_tokens,
+                           opts.probe_runs, opts.probe_timeout, timeout=opts.probe_timeout * opts.probe_runs + 60,
+                           python=f"{fleet.host(name).root}/current/venv/bin/python")
+    except StepError as e:
+        return [{"error": str(e)}]
 
 
 def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
@@ -160,7 +145,7 @@ def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
     groups = [g for g in host.groups if g not in ("all", "ungrouped")]
     row: dict[str, Any] = {"name": name, "groups": groups, "address": host.address, "error": None}
     try:
-        p = fleet.probe(name)
+        p = fleet.status(name)
         ready = p.get("readyz") or {}
         row.update({"release": p.get("release"), "previous": p.get("previous"),
                     "unit": "/".join(str((p.get("unit") or {}).get(k)) for k in ("ActiveState", "SubState")),
@@ -169,9 +154,8 @@ def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
                     "release_id": ready.get("release_id"), "artifact_id": ready.get("artifact_id"),
                     "model": ready.get("model"), "engine": ready.get("engine"),
                     "tuned_engine": p.get("tuned_engine"), "locality": locality(p.get("metrics") or "")})
-        conn = fleet.conns[name]
-        row.update(parse_facts(_facts(conn, host)))
-        row["probe"] = summarize_probe(_latency(conn, host, row, opts))
+        row.update(parse_facts(fleet.probe(name, "facts", host.root)))
+        row["probe"] = summarize_probe(_latency(fleet, name, row, opts))
     except Exception as e:  # one host's failure is a row in the report, not the end of it
         row["error"] = str(e) if isinstance(e, StepError) else describe_error(e)[1]
         row.setdefault("probe", None)

@@ -10,8 +10,8 @@ import time
 
 from invoke import Exit, task
 
-from ops import client
 from ops.bench.workload import test_image
+from ops.host import client
 
 STEPS = 6
 

@@ -229,12 +229,12 @@ def test_host_down_in_the_middle_of_its_rollout_batch(inventory, hosts):
         """The victim goes down after its step has described it and before staging runs: a real poweroff, then
         waiting until its container or VM process is gone, so the step cannot race past it on a fast host."""
 
-        def agent(self, name, command, args, timeout=None, lock=None):
+        def step(self, name, command, args, timeout=None, lock=None):
             if name == victim and command == "stage" and not downed.is_set():
                 _halt(hosts[victim], "poweroff")
                 _poll(lambda: not staging_status(fleet)["hosts"][victim]["running"], 180, f"{victim} to power off")
                 downed.set()
-            return super().agent(name, command, args, timeout=timeout, lock=lock)
+            return super().step(name, command, args, timeout=timeout, lock=lock)
 
     lines: list[str] = []
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from ops import client
+from ops.host import client
 from tests.integration.conftest import image_message
 from tests.servers import free_port
 

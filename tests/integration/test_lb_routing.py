@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from ops.fleet.host_agent import set_drained
+from ops.host.lb import set_drained
 from tests.nginx_site import NJS_MODULE, Nginx
 from tests.prereq import require, require_tools
 

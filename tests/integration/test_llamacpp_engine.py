@@ -180,7 +180,7 @@ def test_a_llama_server_that_dies_while_loading_fails_the_service_and_tune_at_on
     both waits that tune uses stop there with that reason (the host agent's, whose candidate is then failed with it;
     the bench's): within their 90 s they would otherwise end as "not ready", and fail the test."""
     from ops.bench.server import Server
-    from ops.fleet import host_agent
+    from ops.host import gate
 
     crashing = tmp_path / "llama-server"
     crashing.write_text("#!/bin/sh\necho 'load_tensors: AMX model buffer size = 999.43 MiB'\nkill -SEGV $$\n")
@@ -190,10 +190,10 @@ def test_a_llama_server_that_dies_while_loading_fails_the_service_and_tune_at_on
     server = servers.start(tiny_gguf, tmp_path, wait=False, **env)
     try:
         # a host's systemd reads, as they are while the unit runs (this machine has no such unit)
-        monkeypatch.setattr(host_agent, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
-        monkeypatch.setattr(host_agent, "journal_tail", lambda unit, since: [])
+        monkeypatch.setattr(gate, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
+        monkeypatch.setattr(gate, "journal_tail", lambda unit, since: [])
         started = time.monotonic()
-        out = host_agent.wait_ready(("127.0.0.1", server.port), "vlfleet", lambda body: True, timeout=90,
+        out = gate.wait_ready(("127.0.0.1", server.port), "vlfleet", lambda body: True, timeout=90,
                                     since=None, restarts=0, poll=0.25)
         assert time.monotonic() - started < 60, out
         assert out["ok"] is False and "died while loading (SIGSEGV" in out["reason"], out

@@ -1,21 +1,22 @@
-"""service.probe's venv commands, run as the checklist and the report run them on a host (`python -m service.probe
-...`, last stdout line JSON), against the real service on the tiny model."""
+"""The host program's venv probes, run as the checklist and the report run them on a host (`<venv python>
+vlfleet-host-*.pyz ...`, last stdout line JSON), against the real service on the tiny model."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 from ops.report import summarize_probe
-from service import probe
+from ops.fleet import host_program
 from tests.servers import free_port
 
 
 def run(command: str, *args: object, timeout: float = 300):
-    done = subprocess.run(probe.argv(sys.executable, command, *args), capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run([sys.executable, str(host_program.build().path), command, *(str(a) for a in args)],
+                          capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr
-    return probe.parse(done.stdout)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_latency_streams_and_times_real_requests(service):

@@ -49,7 +49,7 @@ def test_overhead_result_needs_both_metrics_within_either_way():
 
 def test_in_process_side_asks_what_the_http_side_sends(monkeypatch):
     """The in-process side's Sampling comes from the same body workload.over_http posts: same generation config."""
-    from ops import client
+    from ops.host import client
 
     sent: list[dict] = []
 

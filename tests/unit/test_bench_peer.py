@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import client
+from ops.host import client
 from ops.bench import llama_server, workload
 from ops.bench.suite import PeerInputs, Plan, measure_peer
 from ops.llamacpp.gguf import GgufParams, gguf_manifest

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ops import client
+from ops.host import client
 
 ANSWERS = {
     "/error": [b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n', b'data: {"error": {"message": "boom"}}\n\n'],

@@ -1,6 +1,6 @@
-"""What the service and the fleet side agree on (service/contract.py, from service/settings.py): the host agent's
+"""What the service and the fleet side agree on (service/contract.py, from service/settings.py): the host program's
 copy of it, the default engine `vlfleet tune` waits for, and VLFLEET_* names nothing reads, refused at service start
-and by the agent's env step."""
+and by the host program's env step."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from ops.fleet import Release, host_agent
+from ops.fleet import Release, host_program
 from ops.fleet.inventory import FleetError
-from ops.fleet.transport import _agent_command
+from ops.fleet.transport import step_command
+from ops.host import contract as host_contract
+from ops.host import envfile, gate, layout, tune
+from ops.host.errors import HostError
 from service import contract, settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,14 +39,14 @@ def _service_reading(monkeypatch, root: Path, override: Path) -> None:
     """Restarts and /readyz of a service that starts as the unit does: the release's env file, then the override
     file, read by the service's own settings; its /readyz names the engine it runs."""
     def readyz(addr):
-        env = host_agent.read_env(root / "current" / "vlfleet.env")
-        env.update(host_agent.read_env(override) if override.is_file() else {})
+        env = layout.read_env(root / "current" / "vlfleet.env")
+        env.update(layout.read_env(override) if override.is_file() else {})
         return 200, {"ready": True, "engine": settings.load({"VLFLEET_MODEL_DIR": "/m", **env}).engine}
 
-    monkeypatch.setattr(host_agent, "restart_unit", lambda unit, stop_timeout=120: 0)
-    monkeypatch.setattr(host_agent, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
-    monkeypatch.setattr(host_agent, "journal_tail", lambda unit, since=None, lines=25: [])
-    monkeypatch.setattr(host_agent, "readyz", readyz)
+    monkeypatch.setattr(tune, "restart_unit", lambda unit, stop_timeout=120: 0)
+    monkeypatch.setattr(gate, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
+    monkeypatch.setattr(gate, "journal_tail", lambda unit, since=None, lines=25: [])
+    monkeypatch.setattr(gate, "readyz", readyz)
 
 
 def test_tune_putting_a_never_tuned_host_back_waits_for_the_engine_the_service_defaults_to(tmp_path, monkeypatch):
@@ -51,9 +54,9 @@ def test_tune_putting_a_never_tuned_host_back_waits_for_the_engine_the_service_d
     override and must wait for the engine the service then runs (settings' default), not a default of its own."""
     root, override = _host(tmp_path, "VLFLEET_PORT=8000\n")
     override.parent.mkdir()
-    override.write_text(host_agent.override_text("serial"))  # what the measurements left behind
+    override.write_text(tune.override_text("serial"))  # what the measurements left behind
     _service_reading(monkeypatch, root, override)
-    out = host_agent.set_engine({"root": str(root), "override": str(override), "engine": None, "timeout": 2})
+    out = tune.set_engine({"root": str(root), "override": str(override), "engine": None, "timeout": 2})
     assert not override.exists()
     assert out["ok"], out
     assert out["engine"] == contract.DEFAULT_ENGINE == settings.load({"VLFLEET_MODEL_DIR": "/m"}).engine
@@ -62,21 +65,22 @@ def test_tune_putting_a_never_tuned_host_back_waits_for_the_engine_the_service_d
 def test_set_engine_waits_for_the_release_env_engine_or_the_one_asked(tmp_path, monkeypatch):
     root, override = _host(tmp_path, "VLFLEET_PORT=8000\nVLFLEET_ENGINE=batching\n")
     _service_reading(monkeypatch, root, override)
-    back = host_agent.set_engine({"root": str(root), "override": str(override), "engine": None, "timeout": 2})
+    back = tune.set_engine({"root": str(root), "override": str(override), "engine": None, "timeout": 2})
     assert back["ok"] and back["engine"] == "batching"
-    asked = host_agent.set_engine({"root": str(root), "override": str(override), "engine": "serial", "timeout": 2})
+    asked = tune.set_engine({"root": str(root), "override": str(override), "engine": "serial", "timeout": 2})
     assert asked["ok"] and asked["engine"] == "serial"
 
 
-# -- the agent's copy of the contract
+# -- the host program's copy of the contract
 
-def test_the_agent_carries_the_contract_block_as_rendered_from_settings():
-    source = (REPO / "ops" / "fleet" / "host_agent.py").read_text()
-    assert contract.agent_block() in source, (
-        "ops/fleet/host_agent.py's contract block differs from service/contract.py's: replace the lines from "
-        f"{contract.BEGIN!r} to {contract.END!r} with the output of `python -m service.contract`")
-    assert (host_agent.ENGINES, host_agent.DEFAULT_ENGINE, host_agent.SETTING_NAMES) == \
+def test_the_host_program_carries_the_contract_as_rendered_from_settings():
+    source = (REPO / "ops" / "host" / "contract.py").read_text()
+    assert source == contract.host_module(), (
+        "ops/host/contract.py differs from service/contract.py's values: `python -m service.contract > "
+        "ops/host/contract.py`")
+    assert (host_contract.ENGINES, host_contract.DEFAULT_ENGINE, host_contract.SETTING_NAMES) == \
         (contract.ENGINES, contract.DEFAULT_ENGINE, contract.HOST_NAMES)
+    assert [getattr(host_contract, name) for name in contract.FILES] == [getattr(contract, n) for n in contract.FILES]
 
 
 def test_the_contract_is_what_settings_accepts():
@@ -84,15 +88,15 @@ def test_the_contract_is_what_settings_accepts():
     assert contract.DEFAULT_ENGINE == engine.default == contract.ENGINES[0]
     for name in contract.ENGINES:
         assert settings.load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_ENGINE": name}).engine == name
-        assert host_agent.override_text(name).endswith(f"VLFLEET_ENGINE={name}\n")
+        assert tune.override_text(name).endswith(f"VLFLEET_ENGINE={name}\n")
     with pytest.raises(settings.SettingsError, match="expected direct, serial, batching, llamacpp or hybrid"):
         settings.load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_ENGINE": "vllm"})
     assert set(contract.HOST_NAMES) >= {f.env for f in settings.FIELDS} | {"VLFLEET_CPUS", "VLFLEET_CPU_PLAN_FILE"}
 
 
 def _shipped_agent(step: str, args: dict, cwd: Path) -> dict:
-    """Run the agent as Fabric ships it (`python3 -c <source>`), isolated: no repository on its path."""
-    argv = shlex.split(_agent_command(sys.executable, step, args))[2:]  # without `sudo -n`
+    """Run the host program's archive as Fabric runs it, isolated: no repository on its path."""
+    argv = shlex.split(step_command(sys.executable, str(host_program.build().path), step, args))[2:]  # no `sudo -n`
     done = subprocess.run([argv[0], "-I", *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin"})
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -104,7 +108,8 @@ def test_the_shipped_agent_needs_no_service_code_and_refuses_a_misspelt_setting(
     assert "VLFLEET_ENGNE is not a setting (did you mean VLFLEET_ENGINE?)" in answer["error"], answer
     ok = _shipped_agent("env", {"root": str(tmp_path), "release": "r1", "check": True,
                                 "settings": {"VLFLEET_PORT": "8000", "VLFLEET_CPUS": "0-1"}}, tmp_path)
-    assert ok == {"changed": True, "release": "r1"}
+    assert ok == {"changed": True, "release": "r1", "env_changes": {"VLFLEET_CPUS": {"from": None, "to": "0-1"},
+                                                                    "VLFLEET_PORT": {"from": None, "to": "8000"}}}
 
 
 # -- VLFLEET_* names nothing reads
@@ -112,17 +117,17 @@ def test_the_shipped_agent_needs_no_service_code_and_refuses_a_misspelt_setting(
 def test_the_env_step_refuses_names_the_host_does_not_read_with_the_nearest(tmp_path):
     root, _ = _host(tmp_path, "VLFLEET_PORT=8000\n")
     args = {"root": str(root), "release": "r1", "check": True}
-    with pytest.raises(host_agent.AgentError) as e:
-        host_agent.write_env({**args, "settings": {"VLFLEET_MAX_TOKEN": "64", "VLFLEET_CACHE": "/x", "OMP_X": "1"}})
+    with pytest.raises(HostError) as e:
+        envfile.write_env({**args, "settings": {"VLFLEET_MAX_TOKEN": "64", "VLFLEET_CACHE": "/x", "OMP_X": "1"}})
     message = str(e.value)
     assert "VLFLEET_MAX_TOKEN is not a setting (did you mean VLFLEET_MAX_TOKENS?)" in message
     assert "VLFLEET_CACHE is not a setting" in message  # the controller's: it means nothing on a host
     assert "OMP_X" not in message and "vlm_service_extra_env" in message
     # `vlfleet rollout`: changes on top of the running release's env file are checked the same way
-    with pytest.raises(host_agent.AgentError, match=r"VLFLEET_QUEUE_SIZ is not a setting \(did you mean "
+    with pytest.raises(HostError, match=r"VLFLEET_QUEUE_SIZ is not a setting \(did you mean "
                                                     r"VLFLEET_QUEUE_SIZE\?\)"):
-        host_agent.write_env({**args, "changes": {"VLFLEET_QUEUE_SIZ": "4"}})
-    assert host_agent.write_env({**args, "changes": {"VLFLEET_QUEUE_SIZE": "4"}})["changed"] is True
+        envfile.write_env({**args, "changes": {"VLFLEET_QUEUE_SIZ": "4"}})
+    assert envfile.write_env({**args, "changes": {"VLFLEET_QUEUE_SIZE": "4"}})["changed"] is True
 
 
 def test_the_service_refuses_to_start_on_a_name_nothing_reads():

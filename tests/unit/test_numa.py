@@ -10,7 +10,7 @@ import pytest
 
 from ops.preflight.test_checklist import test_service_stays_on_one_numa_node as numa_local
 from ops.staging.vms import numa_argv
-from service import probe
+from ops.host import probe
 
 
 def _facts(nodes: dict[str, str], procs: dict[str, tuple[list[str], dict[str, int]]]) -> dict[str, str]:

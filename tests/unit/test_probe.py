@@ -1,6 +1,6 @@
-"""service.probe run as the controller runs it on a host: `snapshot` and `facts` by a bare system python3 given the
-module's source (no service package, no Pillow), against a release tree in a temporary directory and this machine's
-own /proc. tests/integration/test_probe.py runs the venv commands against the real service."""
+"""The host program's probes run as the controller runs them on a host: `snapshot` and `facts` by a bare system
+python3 given the archive (no service package, no Pillow), against a release tree in a temporary directory and this
+machine's own /proc. tests/integration/test_probe.py runs the venv commands against the real service."""
 
 from __future__ import annotations
 
@@ -14,15 +14,20 @@ from pathlib import Path
 import pytest
 
 from ops.report import parse_facts
-from service import probe
+from ops.fleet import host_program
+from service import contract
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 
 
 def run(python: str, command: str, *args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
     # -I: no PYTHONPATH, no user site, not the working directory: only what a host's python3 has
-    line = probe.argv(python, command, *args)
-    return subprocess.run([line[0], "-I", *line[1:]], capture_output=True, text=True, timeout=120, cwd=cwd)
+    line = [python, "-I", str(host_program.build().path), command, *(str(a) for a in args)]
+    return subprocess.run(line, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def parse(stdout: str):
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
@@ -49,7 +54,7 @@ def release_root(tmp_path) -> Path:
 def test_snapshot_reads_the_release_with_the_system_python(release_root, tmp_path):
     done = run(SYSTEM_PYTHON, "snapshot", release_root, "vlfleet-probe-test-none", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    s = probe.parse(done.stdout)
+    s = parse(done.stdout)
     release = release_root / "releases" / "r1"
     assert s["target"] == str(release.resolve())
     assert s["python"] == f"{release.resolve()}/venv/bin/python"
@@ -69,16 +74,16 @@ def test_snapshot_reads_the_release_with_the_system_python(release_root, tmp_pat
 def test_snapshot_without_a_release_says_so_in_empty_sections(tmp_path):
     done = run(SYSTEM_PYTHON, "snapshot", tmp_path / "empty", "vlfleet-probe-test-none", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    s = probe.parse(done.stdout)
+    s = parse(done.stdout)
     assert (s["target"], s["python"], s["env"], s["manifest"], s["listen"]) == ("", "", "", "", "")
     assert s["df_models"] == ""  # df of a missing path: no row (the checklist reports df's failure)
-    assert s["cache"].strip() == probe.DEFAULT_CACHE
+    assert s["cache"].strip() == contract.MODEL_CACHE_DIR
 
 
 def test_facts_of_this_machine_parse_into_the_report_row(release_root, tmp_path):
     done = run(SYSTEM_PYTHON, "facts", release_root, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    row = parse_facts(probe.parse(done.stdout))
+    row = parse_facts(parse(done.stdout))
     assert row["cpus"] == os.sysconf("SC_NPROCESSORS_CONF") and row["kernel"] == os.uname().release
     assert row["mem_total_bytes"] > 0 and row["swap_total_bytes"] is not None
     assert (row["pinned_cpus"], row["threads"]) == ([0], 1)
@@ -86,15 +91,8 @@ def test_facts_of_this_machine_parse_into_the_report_row(release_root, tmp_path)
     assert row["cpu_model"] and row["os"]
 
 
-def test_venv_commands_run_the_installed_module_and_shipped_ones_carry_the_source():
-    assert probe.argv("/r/venv/bin/python", "readyz", "http://x/readyz") == [
-        "/r/venv/bin/python", "-m", "service.probe", "readyz", "http://x/readyz"]
-    _, flag, source, command, root = probe.argv("python3", "facts", "/opt/vlfleet")
-    assert (flag, command, root) == ("-c", "facts", "/opt/vlfleet") and source == Path(probe.__file__).read_text()
-
-
 @pytest.mark.parametrize("args", [[], ["nope"], ["readyz"], ["latency", "h", "not-a-port", "1", "1", "1"]])
 def test_a_wrong_command_line_is_a_usage_error(args):
-    done = subprocess.run([sys.executable, "-m", "service.probe", *args], capture_output=True, text=True, timeout=60)
+    done = run(SYSTEM_PYTHON, *args) if args else run(SYSTEM_PYTHON, "")
     assert done.returncode == 2
-    assert probe.parse(done.stdout)["error"].startswith("usage: python -m service.probe")
+    assert parse(done.stdout)["error"].startswith("usage: ")

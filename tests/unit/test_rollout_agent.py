@@ -1,5 +1,5 @@
-"""The host side of fleet operations (ops/fleet/host_agent.py, the one owner of the release steps) on local
-directories, how Fabric ships it, and how the roles call it."""
+"""The host side of fleet operations (the host program, ops/host/, the one owner of the release steps) on local
+directories, its command line as Fabric sends it, and the archive the roles run."""
 
 from __future__ import annotations
 
@@ -13,15 +13,18 @@ import pytest
 from ops.fleet import (
     Release,
     StepError,
-    agent_args,
-    agent_command_name,
     env_changes,
-    host_agent,
-    parse_agent_output,
+    host_program,
     parse_inventory_json,
+    parse_step_output,
+    step_args,
+    step_name,
 )
-from ops.fleet.host_agent import AgentError, established_clients, set_drained
-from ops.fleet.transport import _agent_command
+from ops.fleet.transport import step_command
+from ops.host import envfile, gate, layout, lb, release, tune
+from ops.host.errors import HostError
+from ops.host.gate import established_clients
+from ops.host.lb import set_drained
 from tests import nginx_site
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +53,7 @@ def test_drain_is_idempotent_and_keeps_other_drained_hosts():
 
 
 def test_drain_of_a_host_the_site_does_not_list_says_to_converge():
-    with pytest.raises(AgentError, match=r"no upstream server for c9.*site\.yml"):
+    with pytest.raises(HostError, match=r"no upstream server for c9.*site\.yml"):
         set_drained(_site([]), ["c9"], [])
 
 
@@ -58,7 +61,7 @@ def _release(root: Path, rid: str, env: str = "VLFLEET_PORT=8000\n") -> Path:
     venv = root / "releases" / rid / "venv"
     (venv / "lib").mkdir(parents=True)
     (venv / "lib" / "marker.py").write_text(f"RELEASE = {rid!r}\n")
-    (venv / host_agent.COMPLETE).touch()
+    (venv / layout.COMPLETE).touch()
     (root / "releases" / rid / "vlfleet.env").write_text(env)
     return root / "releases" / rid
 
@@ -66,37 +69,37 @@ def _release(root: Path, rid: str, env: str = "VLFLEET_PORT=8000\n") -> Path:
 def test_switch_keeps_previous_and_is_a_symlink_swap(tmp_path):
     _release(tmp_path, "r1")
     _release(tmp_path, "r2")
-    assert host_agent.switch(tmp_path, "r1") is None
-    assert host_agent.switch(tmp_path, "r2") == "r1"
+    assert release.switch(tmp_path, "r1") is None
+    assert release.switch(tmp_path, "r2") == "r1"
     assert os.readlink(tmp_path / "current") == str(tmp_path / "releases" / "r2")
-    assert host_agent.link_target(tmp_path / "previous") == "r1"
-    assert host_agent.switch(tmp_path, "r2") == "r2"  # no-op: previous stays r1
-    assert host_agent.link_target(tmp_path / "previous") == "r1"
-    with pytest.raises(AgentError, match="not staged"):
-        host_agent.switch(tmp_path, "r3")
-    with pytest.raises(AgentError, match="release id"):
-        host_agent.switch(tmp_path, "../etc")
+    assert layout.link_target(tmp_path / "previous") == "r1"
+    assert release.switch(tmp_path, "r2") == "r2"  # no-op: previous stays r1
+    assert layout.link_target(tmp_path / "previous") == "r1"
+    with pytest.raises(HostError, match="not staged"):
+        release.switch(tmp_path, "r3")
+    with pytest.raises(HostError, match="release id"):
+        release.switch(tmp_path, "../etc")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="stage chowns the env file to root")
 def test_stage_copies_the_current_venv_and_writes_the_env(tmp_path):
     _release(tmp_path, "r1")
-    host_agent.switch(tmp_path, "r1")
+    release.switch(tmp_path, "r1")
     args = {"root": str(tmp_path), "release": "r2", "venv_from": "r1", "group": "root",
             "changes": {"VLFLEET_RELEASE_ID": "r2"}}
-    out = host_agent.stage(args)
+    out = release.stage(args)
     assert out["venv"] == "copied from r1" and out["env_changed"] is True and out["changed"] is True
     new = tmp_path / "releases" / "r2"
-    assert (new / "venv" / host_agent.COMPLETE).is_file()
+    assert (new / "venv" / layout.COMPLETE).is_file()
     # hard links: same inode, no second copy on disk
     assert (new / "venv" / "lib" / "marker.py").stat().st_ino == \
         (tmp_path / "releases" / "r1" / "venv" / "lib" / "marker.py").stat().st_ino
     # the changes on top of the running release's env file
-    assert (new / "vlfleet.env").read_text() == host_agent.ENV_HEADER + "VLFLEET_PORT=8000\nVLFLEET_RELEASE_ID=r2\n"
+    assert (new / "vlfleet.env").read_text() == envfile.ENV_HEADER + "VLFLEET_PORT=8000\nVLFLEET_RELEASE_ID=r2\n"
     assert oct((new / "vlfleet.env").stat().st_mode & 0o777) == "0o640"
-    again = host_agent.stage(args)
+    again = release.stage(args)
     assert again["venv"] == "kept" and not again["env_changed"] and not again["changed"]
-    described = host_agent.describe({"root": str(tmp_path)})
+    described = release.describe({"root": str(tmp_path)})
     assert described["current"] == "r1" and described["env"] == {"VLFLEET_PORT": "8000"}
     assert [r["id"] for r in described["releases"] if r["complete"]] == ["r1", "r2"]
 
@@ -106,45 +109,45 @@ def test_env_step_writes_the_roles_settings_once_and_check_mode_changes_nothing(
     _release(tmp_path, "r1", env="")
     settings = {"VLFLEET_PORT": 8000, "VLFLEET_HOST": "127.0.0.1", "VLFLEET_RELEASE_ID": "r1"}
     args = {"root": str(tmp_path), "release": "r1", "group": "root", "settings": settings}
-    assert host_agent.write_env({**args, "check": True})["changed"] is True
+    assert envfile.write_env({**args, "check": True})["changed"] is True
     assert (tmp_path / "releases" / "r1" / "vlfleet.env").read_text() == ""  # check mode: untouched
-    assert host_agent.write_env(args)["changed"] is True
-    assert host_agent.read_env(tmp_path / "releases" / "r1" / "vlfleet.env") == \
+    assert envfile.write_env(args)["changed"] is True
+    assert layout.read_env(tmp_path / "releases" / "r1" / "vlfleet.env") == \
         {"VLFLEET_PORT": "8000", "VLFLEET_HOST": "127.0.0.1", "VLFLEET_RELEASE_ID": "r1"}
-    assert host_agent.write_env(args)["changed"] is False
-    assert host_agent.write_env({**args, "check": True})["changed"] is False
+    assert envfile.write_env(args)["changed"] is False
+    assert envfile.write_env({**args, "check": True})["changed"] is False
     os.chmod(tmp_path / "releases" / "r1" / "vlfleet.env", 0o644)  # a mode changed by hand is put back
-    assert host_agent.write_env(args)["changed"] is True
-    with pytest.raises(AgentError, match="NAME=value"):
-        host_agent.write_env({**args, "settings": {"VLFLEET_MODEL_NAME": "a\nb"}})
+    assert envfile.write_env(args)["changed"] is True
+    with pytest.raises(HostError, match="NAME=value"):
+        envfile.write_env({**args, "settings": {"VLFLEET_MODEL_NAME": "a\nb"}})
 
 
 def test_venv_step_prepares_reports_and_previews(tmp_path):
     args = {"root": str(tmp_path), "release": "r1"}
-    assert host_agent.venv({**args, "check": True}) == \
+    assert release.venv({**args, "check": True}) == \
         {"changed": True, "complete": False, "release": "r1", "venv": "to be made"}
     assert not (tmp_path / "releases").exists()  # check mode makes nothing
-    out = host_agent.venv({**args, "prepare": True})
+    out = release.venv({**args, "prepare": True})
     assert out["changed"] and not out["complete"] and (tmp_path / "releases" / "r1").is_dir()
-    assert not host_agent.venv({**args, "prepare": True})["changed"]
-    with pytest.raises(AgentError, match="no wheelhouse archive"):
-        host_agent.venv({**args, "wheelhouse_tar": str(tmp_path / "missing.tar")})
-    with pytest.raises(AgentError, match="no venv yet"):
-        host_agent.venv(args)
+    assert not release.venv({**args, "prepare": True})["changed"]
+    with pytest.raises(HostError, match="no wheelhouse archive"):
+        release.venv({**args, "wheelhouse_tar": str(tmp_path / "missing.tar")})
+    with pytest.raises(HostError, match="no venv yet"):
+        release.venv(args)
     _release(tmp_path, "r2")
-    assert host_agent.venv({"root": str(tmp_path), "release": "r2", "check": True})["changed"] is False
+    assert release.venv({"root": str(tmp_path), "release": "r2", "check": True})["changed"] is False
 
 
 def test_switch_step_reports_changed_and_previews_in_check_mode(tmp_path):
     _release(tmp_path, "r1")
     _release(tmp_path, "r2")
     root = str(tmp_path)
-    assert host_agent.switch_step({"root": root, "release": "r1"})["changed"] is True
-    assert host_agent.switch_step({"root": root, "release": "r2", "check": True}) == \
+    assert release.switch_step({"root": root, "release": "r1"})["changed"] is True
+    assert release.switch_step({"root": root, "release": "r2", "check": True}) == \
         {"changed": True, "from": "r1", "current": "r2", "previous": "r1"}
-    assert host_agent.link_target(tmp_path / "current") == "r1"  # only previewed
-    assert host_agent.switch_step({"root": root, "release": "r2"})["changed"] is True
-    assert host_agent.switch_step({"root": root, "release": "r2"}) == \
+    assert layout.link_target(tmp_path / "current") == "r1"  # only previewed
+    assert release.switch_step({"root": root, "release": "r2"})["changed"] is True
+    assert release.switch_step({"root": root, "release": "r2"}) == \
         {"changed": False, "from": "r2", "current": "r2", "previous": "r1"}
 
 
@@ -152,16 +155,16 @@ def test_prune_keeps_the_newest_and_never_current_or_previous(tmp_path):
     for i, rid in enumerate(["r1", "r2", "r3", "r4", "r5"]):
         d = _release(tmp_path, rid)
         os.utime(d, (1000 + i, 1000 + i))
-    host_agent.switch(tmp_path, "r1")
-    host_agent.switch(tmp_path, "r2")  # current r2, previous r1: both old, both kept
-    assert host_agent.prune({"root": str(tmp_path), "keep": 2, "check": True})["removed"] == ["r3"]
+    release.switch(tmp_path, "r1")
+    release.switch(tmp_path, "r2")  # current r2, previous r1: both old, both kept
+    assert release.prune({"root": str(tmp_path), "keep": 2, "check": True})["removed"] == ["r3"]
     assert len(list((tmp_path / "releases").iterdir())) == 5  # check mode removes nothing
-    out = host_agent.prune({"root": str(tmp_path), "keep": 2})
+    out = release.prune({"root": str(tmp_path), "keep": 2})
     assert sorted(out["removed"]) == ["r3"] and out["changed"]
     assert sorted(p.name for p in (tmp_path / "releases").iterdir()) == ["r1", "r2", "r4", "r5"]
-    out = host_agent.prune({"root": str(tmp_path), "keep": 1, "protect": ["r5"]})
+    out = release.prune({"root": str(tmp_path), "keep": 1, "protect": ["r5"]})
     assert out["removed"] == ["r4"]
-    assert host_agent.prune({"root": str(tmp_path), "keep": 1, "protect": ["r5"]})["changed"] is False
+    assert release.prune({"root": str(tmp_path), "keep": 1, "protect": ["r5"]})["changed"] is False
 
 
 def test_prune_of_models_keeps_what_current_and_previous_use(tmp_path):
@@ -172,17 +175,17 @@ def test_prune_of_models_keeps_what_current_and_previous_use(tmp_path):
     # the GGUF artifact the llamacpp engine serves is in use as much as the OpenVINO one
     _release(tmp_path, "r2", env=f"VLFLEET_MODEL_DIR={tmp_path}/models/a2\n"
                                  f"VLFLEET_LLAMACPP_MODEL_DIR={tmp_path}/models/a3\n")
-    host_agent.switch(tmp_path, "r1")
-    host_agent.switch(tmp_path, "r2")
-    out = host_agent.prune({"root": str(tmp_path), "kind": "models", "keep": 1})
+    release.switch(tmp_path, "r1")
+    release.switch(tmp_path, "r2")
+    out = release.prune({"root": str(tmp_path), "kind": "models", "keep": 1})
     assert out["removed"] == [], out
     (tmp_path / "models" / "a0").mkdir()
     os.utime(tmp_path / "models" / "a0", (999, 999))
-    out = host_agent.prune({"root": str(tmp_path), "kind": "models", "keep": 1, "protect": ["a4"]})
+    out = release.prune({"root": str(tmp_path), "kind": "models", "keep": 1, "protect": ["a4"]})
     assert out["removed"] == ["a0"]
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["a1", "a2", "a3", "a4"]
-    with pytest.raises(AgentError, match="kind"):
-        host_agent.prune({"root": str(tmp_path), "kind": "etc"})
+    with pytest.raises(HostError, match="kind"):
+        release.prune({"root": str(tmp_path), "kind": "etc"})
 
 
 def test_llama_server_is_the_envs_else_the_release_venvs_with_its_gguf_artifact(tmp_path):
@@ -193,11 +196,11 @@ def test_llama_server_is_the_envs_else_the_release_venvs_with_its_gguf_artifact(
     (venv_bin / "llama-server").chmod(0o755)
     (tmp_path / "models" / "g1").mkdir(parents=True)
     (tmp_path / "models" / "g1" / "manifest.json").write_text("{}")
-    host_agent.switch(tmp_path, "r1")
-    found = host_agent.llama_server(tmp_path, {"VLFLEET_LLAMACPP_MODEL_DIR": str(tmp_path / "models" / "g1")})
+    release.switch(tmp_path, "r1")
+    found = tune.llama_server(tmp_path, {"VLFLEET_LLAMACPP_MODEL_DIR": str(tmp_path / "models" / "g1")})
     assert found == {"path": str(tmp_path / "current" / "venv" / site / "llama-server"),
                      "exists": True, "model_dir": str(tmp_path / "models" / "g1"), "model_exists": True}
-    named = host_agent.llama_server(tmp_path, {"VLFLEET_LLAMACPP_SERVER": "/nowhere/llama-server"})
+    named = tune.llama_server(tmp_path, {"VLFLEET_LLAMACPP_SERVER": "/nowhere/llama-server"})
     assert named == {"path": "/nowhere/llama-server", "exists": False, "model_dir": "", "model_exists": False}
 
 
@@ -216,29 +219,30 @@ def test_established_clients_counts_remote_peers_on_the_port_only(tmp_path):
     assert established_clients(8000, tmp_path) == 1
 
 
-def test_the_shipped_agent_runs_from_its_command_line(tmp_path):
+def test_the_host_program_runs_from_its_command_line(tmp_path):
     _release(tmp_path, "r1")
-    host_agent.switch(tmp_path, "r1")
-    cmd = _agent_command(sys.executable, "describe", {"root": str(tmp_path)})
-    assert cmd.startswith("sudo -n ") and agent_command_name(cmd) == "describe"
-    assert agent_args(cmd) == {"root": str(tmp_path)}
+    release.switch(tmp_path, "r1")
+    program = str(host_program.build().path)
+    cmd = step_command(sys.executable, program, "describe", {"root": str(tmp_path)})
+    assert cmd.startswith("sudo -n ") and step_name(cmd) == "describe"
+    assert step_args(cmd) == {"root": str(tmp_path)}
     local = cmd.removeprefix("sudo -n ")
     done = subprocess.run(local, shell=True, capture_output=True, text=True, timeout=60)
-    assert parse_agent_output(done.stdout, done.stderr, done.returncode)["current"] == "r1"
-    bad = subprocess.run(_agent_command(sys.executable, "stage", {"root": str(tmp_path), "release": "r9"})
+    assert parse_step_output(done.stdout, done.stderr, done.returncode)["current"] == "r1"
+    bad = subprocess.run(step_command(sys.executable, program, "stage", {"root": str(tmp_path), "release": "r9"})
                          .removeprefix("sudo -n "), shell=True, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
     with pytest.raises(StepError, match="no venv yet"):
-        parse_agent_output(bad.stdout, bad.stderr, bad.returncode)
+        parse_step_output(bad.stdout, bad.stderr, bad.returncode)
 
 
-def test_the_roles_run_the_same_file_with_plain_json_or_base64(tmp_path):
-    # ansible.builtin.script runs ops/fleet/host_agent.py with the host's python3: SUBCOMMAND ARGS, JSON answer
+def test_the_roles_run_the_same_archive_with_plain_json_or_base64(tmp_path):
+    # ansible.builtin.script runs the host program's archive with the host's python3: STEP ARGS, JSON answer
     import base64
     import json
 
     _release(tmp_path, "r1")
-    agent = Path(host_agent.__file__)
+    agent = host_program.build().path
     for arg in (json.dumps({"root": str(tmp_path), "release": "r1"}),
                 base64.b64encode(json.dumps({"root": str(tmp_path), "release": "r1"}).encode()).decode()):
         done = subprocess.run([sys.executable, str(agent), "switch", arg], capture_output=True, text=True,
@@ -254,21 +258,21 @@ def test_the_roles_run_the_same_file_with_plain_json_or_base64(tmp_path):
 
 def test_agent_crash_and_sudo_password_are_explained():
     with pytest.raises(StepError, match=r"exit 1\): .*KeyError"):
-        parse_agent_output("", "Traceback (most recent call last):\nKeyError: 'x'", 1)
+        parse_step_output("", "Traceback (most recent call last):\nKeyError: 'x'", 1)
     with pytest.raises(StepError, match="passwordless sudo"):
-        parse_agent_output("", "sudo: a password is required", 1)
+        parse_step_output("", "sudo: a password is required", 1)
 
 
 def test_release_env_changes_only_what_the_release_changes(tmp_path):
     current = {"VLFLEET_HOST": "10.0.0.11", "VLFLEET_PORT": "8000", "VLFLEET_RELEASE_ID": "r1",
                "VLFLEET_MODEL_DIR": "/opt/vlfleet/models/a1", "VLFLEET_QUEUE_SIZE": "8"}
     changes = env_changes(Release("r2", env={"VLFLEET_QUEUE_SIZE": "", "VLFLEET_MAX_TOKENS": "64"}), "/opt/vlfleet")
-    env = host_agent.merged_env(current, changes)
+    env = envfile.merged_env(current, changes)
     assert env == {"VLFLEET_HOST": "10.0.0.11", "VLFLEET_PORT": "8000", "VLFLEET_RELEASE_ID": "r2",
                    "VLFLEET_MODEL_DIR": "/opt/vlfleet/models/a1", "VLFLEET_MAX_TOKENS": "64"}
-    text = host_agent.env_text(env)
+    text = envfile.env_text(env)
     assert text.startswith("# Managed by vlfleet") and "VLFLEET_RELEASE_ID=r2\n" in text
-    assert host_agent.read_env(_write(tmp_path / "e", text)) == env
+    assert layout.read_env(_write(tmp_path / "e", text)) == env
 
 
 def _write(path: Path, text: str) -> Path:
@@ -307,14 +311,14 @@ def test_wait_ready_stops_at_once_when_the_model_failed_to_load(monkeypatch):
     """A service whose engine could not load its model lives on unready; waiting out the timeout (tune's, the
     release gate's) would only delay the failure. The reason comes from the engine's own words."""
     engine_source = (Path(__file__).resolve().parents[2] / "service" / "engine" / "base.py").read_text()
-    assert f'f"{host_agent.LOAD_FAILED}: {{e}}"' in engine_source
-    reason = f"{host_agent.LOAD_FAILED}: llama-server exited with code 127"
+    assert f'f"{gate.LOAD_FAILED}: {{e}}"' in engine_source
+    reason = f"{gate.LOAD_FAILED}: llama-server exited with code 127"
     polls = []
-    monkeypatch.setattr(host_agent, "readyz", lambda addr: polls.append(addr) or (503, {"ready": False,
+    monkeypatch.setattr(gate, "readyz", lambda addr: polls.append(addr) or (503, {"ready": False,
                                                                                          "reason": reason}))
-    monkeypatch.setattr(host_agent, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
-    monkeypatch.setattr(host_agent, "journal_tail", lambda unit, since: "journal")
-    out = host_agent.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
+    monkeypatch.setattr(gate, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
+    monkeypatch.setattr(gate, "journal_tail", lambda unit, since: "journal")
+    out = gate.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
                                 restarts=0)
     assert out == {"ok": False, "reason": f"/readyz 503: {reason}", "journal": "journal"} and len(polls) == 1
 
@@ -324,12 +328,12 @@ def test_wait_ready_stops_at_once_when_the_engine_gave_up(monkeypatch):
     llama-server that died while loading on a restart, or did not come back)."""
     reason = "llama-server died while loading (SIGSEGV): ...; not tried again: restart the service"
     polls = []
-    monkeypatch.setattr(host_agent, "readyz", lambda addr: polls.append(addr) or (503, {"ready": False,
+    monkeypatch.setattr(gate, "readyz", lambda addr: polls.append(addr) or (503, {"ready": False,
                                                                                          "reason": reason,
                                                                                          "failed": True}))
-    monkeypatch.setattr(host_agent, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
-    monkeypatch.setattr(host_agent, "journal_tail", lambda unit, since: "journal")
-    out = host_agent.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
+    monkeypatch.setattr(gate, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
+    monkeypatch.setattr(gate, "journal_tail", lambda unit, since: "journal")
+    out = gate.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
                                 restarts=0)
     assert out == {"ok": False, "reason": f"/readyz 503: {reason}", "journal": "journal"} and len(polls) == 1
 
@@ -348,13 +352,13 @@ def _fake_nginx(root: Path, workers: dict[int, str]) -> dict:
 
 def test_a_drain_returns_once_no_worker_with_the_old_site_accepts(tmp_path):
     where = _fake_nginx(tmp_path, {11: "nginx: worker process", 12: "nginx: worker process"})
-    old = host_agent.nginx_workers(**where)
+    old = lb.nginx_workers(**where)
     assert sorted(old) == [11, 12]
-    assert not host_agent.wait_workers_replaced(old, timeout=0.2, **where)  # the reload has not happened yet
+    assert not lb.wait_workers_replaced(old, timeout=0.2, **where)  # the reload has not happened yet
     proc = tmp_path / "proc"
     (proc / "11" / "cmdline").write_bytes(b"nginx: worker process is shutting down\0")
     for f in (proc / "12").iterdir():  # 12 exited
         f.unlink()
     (proc / "12").rmdir()
     _fake_nginx(tmp_path, {13: "nginx: worker process"})
-    assert host_agent.wait_workers_replaced(old, timeout=2, **where)
+    assert lb.wait_workers_replaced(old, timeout=2, **where)

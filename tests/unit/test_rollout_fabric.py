@@ -13,7 +13,7 @@ from fabric.testing.base import Command, MockRemote, Session
 from paramiko.ssh_exception import NoValidConnectionsError, SSHException
 
 from ops import fleet as ops_fleet
-from ops.fleet import Fleet, Outcome, Release, Timeouts, agent_args, agent_command_name, parse_inventory_json
+from ops.fleet import Fleet, Outcome, Release, Timeouts, parse_inventory_json, step_args, step_name
 
 ADDR = {"h1": "10.9.0.11", "h2": "10.9.0.12", "h3": "10.9.0.13", "lb1": "10.9.0.10"}
 
@@ -50,7 +50,7 @@ def _session(host: str, *commands: Command) -> Session:
 
 
 def _ran(session: Session) -> list[tuple[str, dict]]:
-    return [(agent_command_name(ch.exec_command.call_args[0][0]), agent_args(ch.exec_command.call_args[0][0]))
+    return [(step_name(ch.exec_command.call_args[0][0]), step_args(ch.exec_command.call_args[0][0]))
             for ch in session.channels if ch.exec_command.called]
 
 
@@ -62,7 +62,7 @@ def remote():
 
 
 def _fleet() -> Fleet:
-    return Fleet(_inventory(), timeouts=Timeouts(drain=5, ready=30), echo=None)
+    return Fleet(_inventory(), timeouts=Timeouts(drain=5, ready=30), echo=None, ship=False)
 
 
 def test_rollout_goes_host_by_host_with_drain_gate_undrain(remote):
@@ -158,7 +158,7 @@ def test_a_venv_built_from_the_same_wheelhouse_is_reused_not_uploaded(remote, tm
                                       {"id": sha[:12], "complete": True, "wheelhouse_sha": None, "mtime": 2.0}]})
     h1 = _session("h1", described, STAGE, QUIESCE, READY, PRUNE)
     remote.expect_sessions(h1, _session("lb1", LB, LB))
-    with Fleet(_inventory(), limit=["h1"], timeouts=Timeouts(drain=5, ready=30), echo=None) as f:
+    with Fleet(_inventory(), limit=["h1"], timeouts=Timeouts(drain=5, ready=30), echo=None, ship=False) as f:
         report = ops_fleet.rollout(f, Release("r2", wheelhouse=tmp_path))
     assert [(r.host, r.outcome) for r in report.results] == [("h1", Outcome.OK)]
     stage = dict(_ran(h1))["stage"]

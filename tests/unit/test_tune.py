@@ -10,12 +10,13 @@ import json
 import pytest
 from fabric.testing.base import Command, MockRemote, Session
 
-from ops.fleet import Fleet, FleetError, Timeouts, agent_args, agent_command_name, host_agent, parse_inventory_json
+from ops.fleet import Fleet, FleetError, Timeouts, parse_inventory_json, step_args, step_name
 from ops.fleet import tune as t
 from ops.fleet.status import status_table
+from ops.host import layout, system, tune
+from ops.host.errors import HostError
 from ops.report import page
 from service import contract, settings
-from service import probe as service_probe
 
 MiB = 1024 * 1024
 NO_SERVER = {"env": {}, "llama_server": {"path": "", "exists": False}}
@@ -66,12 +67,12 @@ def test_named_engines_and_a_pin_are_measured_as_asked():
 
 
 def test_the_agent_knows_exactly_the_engines_the_service_accepts():
-    for engine in host_agent.ENGINES:
+    for engine in contract.ENGINES:
         assert settings.load({"VLFLEET_ENGINE": engine, "VLFLEET_MODEL_DIR": "/m"}).engine == engine
     with pytest.raises(settings.SettingsError):
         settings.load({"VLFLEET_ENGINE": "vllm", "VLFLEET_MODEL_DIR": "/m"})
-    with pytest.raises(host_agent.AgentError, match="engine 'vllm'"):
-        host_agent.override_text("vllm")
+    with pytest.raises(HostError, match="engine 'vllm'"):
+        tune.override_text("vllm")
 
 
 # -- budget, score, pick ------------------------------------------------------------------------------------------
@@ -150,13 +151,13 @@ def test_record_names_the_choice_every_score_the_skips_and_the_cpu():
 
 def test_agent_records_and_removes_on_local_files(tmp_path):
     path = tmp_path / "etc" / "tuned.json"
-    host_agent.write_record({"path": str(path), "record": {"engine": "direct"}})
+    tune.write_record({"path": str(path), "record": {"engine": "direct"}})
     assert json.loads(path.read_text()) == {"engine": "direct"} and path.stat().st_mode & 0o777 == 0o644
-    host_agent.write_record({"path": str(path), "record": None})
+    tune.write_record({"path": str(path), "record": None})
     assert not path.exists()
     override = tmp_path / "engine.env"
-    override.write_text(host_agent.override_text("direct"))
-    assert host_agent.read_env(override) == {"VLFLEET_ENGINE": "direct"}
+    override.write_text(tune.override_text("direct"))
+    assert layout.read_env(override) == {"VLFLEET_ENGINE": "direct"}
 
 
 def test_peak_rss_sums_the_high_water_marks_of_the_units_processes(tmp_path):
@@ -167,8 +168,8 @@ def test_peak_rss_sums_the_high_water_marks_of_the_units_processes(tmp_path):
         (tmp_path / "proc" / pid).mkdir(parents=True)
         (tmp_path / "proc" / pid / "status").write_text(f"Name:\tx\nVmHWM:\t{hwm} kB\nVmRSS:\t{rss} kB\n")
     args = ("/system.slice/vlfleet.service", tmp_path / "cg", tmp_path / "proc")
-    assert host_agent.cgroup_rss(*args) == 31000 * 1024
-    assert host_agent.cgroup_rss(*args, field="VmHWM:") == 52000 * 1024
+    assert system.cgroup_rss(*args) == 31000 * 1024
+    assert system.cgroup_rss(*args, field="VmHWM:") == 52000 * 1024
 
 
 def _row(**kw) -> dict:
@@ -225,9 +226,8 @@ def _ran(session: Session) -> list[str]:
     for ch in session.channels:
         if ch.exec_command.called:
             cmd = ch.exec_command.call_args[0][0]
-            # the shipped facts probe carries service/probe.py's source, which names latency too
-            out.append("facts" if cmd.split()[-2] == "facts" else "latency" if "-m service.probe latency" in cmd
-                       else agent_command_name(cmd))
+            probe = next((w for w in ("facts", "latency") if f".pyz {w} " in cmd), None)
+            out.append(probe or step_name(cmd))
     return out
 
 
@@ -243,26 +243,26 @@ def test_fleet_run_measures_picks_records_and_a_failing_host_is_put_back(remote,
     inv = parse_inventory_json({"_meta": {"hostvars": hostvars}, "vlm": {"hosts": ["h1", "h2"]},
                                 "lb": {"hosts": ["lb1"]}})
     lines: list[str] = []
-    with Fleet(inv, timeouts=Timeouts(drain=5, ready=30), echo=None) as fleet:
+    with Fleet(inv, timeouts=Timeouts(drain=5, ready=30), echo=None, ship=False) as fleet:
         results = t.tune(fleet, t.Options(tokens=8, runs=2, parallel=1, out=tmp_path), echo=lines.append)
     ok, failed = results
     assert (ok.ok, ok.engine, failed.ok, failed.engine) == (True, "direct", False, None)
     # direct was measured first and won: the service is restarted on it; the record goes to the host and here
     assert _ran(h1) == ["tune_info", "facts", "quiesce", "set_engine", "latency", "peak", "set_engine", "latency",
                         "peak", "set_engine", "write_record"]
-    assert agent_args(h1.channels[-2].exec_command.call_args[0][0])["engine"] == "direct"
-    written = agent_args(h1.channels[-1].exec_command.call_args[0][0])
-    assert written["path"] == service_probe.TUNED_FILE and written["record"]["engine"] == "direct"
+    assert step_args(h1.channels[-2].exec_command.call_args[0][0])["engine"] == "direct"
+    written = step_args(h1.channels[-1].exec_command.call_args[0][0])
+    assert written["path"] == contract.TUNED_FILE and written["record"]["engine"] == "direct"
     assert json.loads((tmp_path / "tune-h1.json").read_text()) == written["record"]
     assert written["record"]["candidates"]["serial"]["score_s"] == 2.1
     assert written["record"]["budget_bytes"] == 1600 * MiB
     # h2: both engines failed to start, so it went back to the release's engine (no override: the service's default)
     # and nothing was written
     assert _ran(h2) == ["tune_info", "facts", "quiesce", "set_engine", "set_engine", "set_engine"]
-    assert agent_args(h2.channels[-1].exec_command.call_args[0][0])["engine"] is None
+    assert step_args(h2.channels[-1].exec_command.call_args[0][0])["engine"] is None
     assert "no engine answered within budget" in failed.message and "back on direct as before" in failed.message
     assert not (tmp_path / "tune-h2.json").exists()
-    assert [agent_args(ch.exec_command.call_args[0][0])["drain" if i % 2 == 0 else "undrain"]
+    assert [step_args(ch.exec_command.call_args[0][0])["drain" if i % 2 == 0 else "undrain"]
             for i, ch in enumerate(lb.channels)] == [["h1"], ["h1"], ["h2"], ["h2"]]
     assert any(line.startswith("[tune] h1: direct: ready in 2.0 s; 2 x 8 tokens: 1.1 s") for line in lines)
     assert "[tune] h1: batching: skipped: " + dict(t.plan(None, None, NO_SERVER))["batching"] in lines
@@ -287,11 +287,10 @@ def test_clients_make_batching_a_candidate_and_reach_the_probe_with_a_bound_for_
     inv = parse_inventory_json({"_meta": {"hostvars": hostvars}, "vlm": {"hosts": ["h1"]}, "lb": {"hosts": ["lb1"]}})
     lines: list[str] = []
     opts = t.Options(engines=("batching",), tokens=8, runs=1, clients=3, probe_timeout=100, parallel=1, out=tmp_path)
-    with Fleet(inv, timeouts=Timeouts(drain=5, ready=30), echo=None) as fleet:
+    with Fleet(inv, timeouts=Timeouts(drain=5, ready=30), echo=None, ship=False) as fleet:
         (result,) = t.tune(fleet, opts, echo=lines.append)
     assert result.ok and result.record["clients"] == 3
-    latency = next(cmd for ch in h1.channels  # not the facts probe, which ships the module's source with -c
-                   if "service.probe latency" in (cmd := ch.exec_command.call_args[0][0]) and " -c " not in cmd)
+    latency = next(cmd for ch in h1.channels if ".pyz latency " in (cmd := ch.exec_command.call_args[0][0]))
     # each of the 3 answers asked at once may wait for the other two: 3 x the bound of a lone answer
     assert latency.endswith(" 8 1 300 '' 3"), latency
     assert any("1 x 3 at once x 8 tokens" in line for line in lines), lines

@@ -1,71 +1,41 @@
-"""What the controller runs on a service host to look at it: one subcommand each, one JSON document printed.
+"""What the checklist (ops/preflight/test_checklist.py), the fleet report (ops/report/collect.py) and tune read on a
+service host: one command each, one JSON document printed, arguments by position.
 
-The checklist (ops/preflight/test_checklist.py) and the fleet report (ops/report/) run these over SSH::
+    python3 vlfleet-host.pyz snapshot ROOT SERVICE
+    python3 vlfleet-host.pyz facts ROOT
+    <root>/current/venv/bin/python vlfleet-host.pyz runtime-versions
+    <root>/current/venv/bin/python vlfleet-host.pyz readyz URL
+    <root>/current/venv/bin/python vlfleet-host.pyz stream HOST PORT MODEL FIRST_TOKEN_S TOTAL_S [API_KEYS_FILE]
+    <root>/current/venv/bin/python vlfleet-host.pyz latency HOST PORT TOKENS RUNS TIMEOUT_S [API_KEYS_FILE] [CLIENTS]
 
-    <root>/current/venv/bin/python -m service.probe runtime-versions
-    <root>/current/venv/bin/python -m service.probe readyz URL
-    <root>/current/venv/bin/python -m service.probe stream HOST PORT MODEL FIRST_TOKEN_S TOTAL_S [API_KEYS_FILE]
-    <root>/current/venv/bin/python -m service.probe latency HOST PORT TOKENS RUNS TIMEOUT_S [API_KEYS_FILE] [CLIENTS]
-    python3 -c "<this file's source>" snapshot ROOT SERVICE
-    python3 -c "<this file's source>" facts ROOT
-
-The first four run with the release venv's python, from the installed service package. `snapshot` and `facts` must
-also work where no release exists yet (they are how the checklist finds the venv), so the controller ships this
-file's source to the distribution's python3, as ops/fleet/ does with ops/fleet/host_agent.py (`argv` builds either
-command line). Hence this module imports only the standard library at the top and keeps to Python 3.10; Pillow and
-the controller's client of the service (ops/client.py, which the wheel installs too) are imported only by the
-commands that ask the service, which run in the release venv. Requests go to the service from the host itself: the
-service may bind loopback only.
+`snapshot` and `facts` work where no release exists yet (they are how the checklist finds the venv), so they run on
+the distribution's python3; runtime-versions runs on the release venv's, whose packages it imports. Requests go to
+the service from the host itself: the service may bind loopback only.
 """
 
 from __future__ import annotations
 
 import glob
-import io
 import json
 import os
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from . import client, png
+from .contract import CPU_PLAN_FILE, MODEL_CACHE_DIR, TUNED_FILE
+
+describe_error = client.describe
+
+
 RUNTIME_DISTS = (("openvino", "openvino"), ("openvino-genai", "openvino_genai"),
                  ("openvino-tokenizers", "openvino_tokenizers"))
+
+
 UNIT_PROPERTIES = "ActiveState,SubState,Result,UnitFileState,MainPID,Restart,RestartUSec,LimitNOFILE,DropInPaths," \
                   "NRestarts"
-DEFAULT_PLAN = "/run/vlfleet/cpu-plan.json"
-DEFAULT_CACHE = "/var/cache/vlfleet"
-SHIPPED = ("snapshot", "facts")  # run by the system python3 from this file's source (see the module docstring)
-# `vlfleet tune` (ops/fleet/tune.py): the engine it chose, read by the unit after the release's env file, and its
-# record of what it measured, read by the checklist's ENGINE-TUNED check.
-ENGINE_ENV_FILE = "/etc/vlfleet/engine.env"
-TUNED_FILE = "/etc/vlfleet/tuned.json"
-
-
-# -- the controller's side: the command line of a probe ---------------------------------------------------------
-
-def source() -> str:
-    return Path(__file__).read_text()
-
-
-def argv(python: str, command: str, *args: object) -> list[str]:
-    """The command line that runs ``command`` on a host with ``python`` (the release venv's, or python3 for
-    SHIPPED commands, which get this file's source instead of the installed module)."""
-    how = ["-c", source()] if command in SHIPPED else ["-m", "service.probe"]
-    return [python, *how, command, *(str(a) for a in args)]
-
-
-def parse(stdout: str) -> Any:
-    """A probe's answer: the JSON of its last stdout line (ValueError/IndexError when there is none)."""
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
-# -- small readers ----------------------------------------------------------------------------------------------
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
 
 
 def _read(path: str) -> str:
@@ -113,8 +83,6 @@ def _df(*paths: str) -> str:
     # stderr too: the first line (header or the error) is dropped, so a missing path leaves no row to misread
     return _after_header(_out("df", "-B1", "--output=target,fstype,avail", *paths, stderr=True))
 
-
-# -- snapshot and facts: the system python3, before any release --------------------------------------------------
 
 def _release(root: str) -> tuple[str, str, str]:
     """``root``/current resolved (or ""), its venv python when executable (or ""), its env file's text."""
@@ -175,7 +143,7 @@ def _numa(pid: int) -> str:
 
 
 def _cache_dir(env_text: str) -> str:
-    return _env_value(env_text, "VLFLEET_MODEL_CACHE_DIR") or DEFAULT_CACHE
+    return _env_value(env_text, "VLFLEET_MODEL_CACHE_DIR") or MODEL_CACHE_DIR
 
 
 def _storage(root: str, cache: str) -> dict[str, str]:
@@ -202,7 +170,7 @@ def snapshot(root: str, service: str) -> dict[str, str]:
     target, python, env = _release(root)
     model, gguf = _env_value(env, "VLFLEET_MODEL_DIR"), _env_value(env, "VLFLEET_LLAMACPP_MODEL_DIR")
     pid = _main_pid(service)
-    plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or DEFAULT_PLAN
+    plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or CPU_PLAN_FILE
     return {**_virt(), "flags": _first("/proc/cpuinfo", "flags"), "governors": _governors(),
             "target": target, "python": python, "env": env,
             "manifest": _read(os.path.join(model, "manifest.json")) if model else "",
@@ -226,15 +194,13 @@ def facts(root: str) -> dict[str, Any]:
     """What the fleet report shows of a host: CPU model and flags, CPUs, memory, OS, the current env and the
     launcher's core plan (texts; the report parses them)."""
     env = _read(os.path.join(root, "current", "vlfleet.env"))
-    plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or DEFAULT_PLAN
+    plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or CPU_PLAN_FILE
     return {"model": _first("/proc/cpuinfo", "model name").partition(":")[2].strip(),
             "flags": _first("/proc/cpuinfo", "flags").partition(":")[2].strip(),
             "cpus": os.sysconf("SC_NPROCESSORS_CONF"),
             "meminfo": _lines("/proc/meminfo", "MemTotal:", "MemAvailable:", "SwapTotal:", "SwapFree:"),
             "os": _os_release(), "kernel": os.uname().release, "env": env, "plan": _read(plan)}
 
-
-# -- the release venv: runtime, readiness, streamed answers -------------------------------------------------------
 
 def runtime_versions() -> dict[str, Any]:
     """The interpreter's version, and each OpenVINO distribution's version and whether it imports."""
@@ -253,22 +219,18 @@ def runtime_versions() -> dict[str, Any]:
             importlib.import_module(module)
             row["import"] = "ok"
         except Exception as e:  # whatever the import raises is the finding
-            row["import"] = _describe(e)
+            row["import"] = describe_error(e)
         out["dists"][dist] = row
     return out
 
 
 def readyz(url: str) -> dict[str, Any]:
     """GET ``url``: {"status": int|None, "body": JSON or text, "error": str|None}."""
-    return _client().readyz(url)
+    return client.readyz(url)
 
 
 def _image_url(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", size, colour).save(buf, format="PNG")
-    return _client().data_url(buf.getvalue())
+    return client.data_url(png.solid(*size, colour))
 
 
 def _first_key(keys_file: str) -> str | None:
@@ -279,22 +241,12 @@ def _first_key(keys_file: str) -> str | None:
     return keys[0] if keys else None
 
 
-def _client():
-    """ops/client.py, imported here rather than at the top: `snapshot` and `facts` run from this file's source on
-    the system python3, where ops/ is not installed; the commands that ask the service run in the release venv,
-    which has it (the wheel carries ops/ and service/)."""
-    from ops import client
-
-    return client
-
-
 def _chat(host: str, port: int, body: dict, timeout: float, bound: float, key: str | None):
-    url = f"http://{host if ':' not in host else '[' + host + ']'}:{port}"
-    return _client().chat(url, body, timeout, bound, key)
+    return client.chat(client.base_url(host, port), body, timeout, bound, key)
 
 
 def _question(image_url: str, text: str) -> list[dict]:
-    return [_client().user_turn(image_url, text)]
+    return [client.user_turn(image_url, text)]
 
 
 def _rounded(seconds: float | None, digits: int) -> float | None:
@@ -313,7 +265,7 @@ def stream(host: str, port: int, model: str, first_token_s: float, total_s: floa
         out.update(status=a.status, chunks=a.chunks, chars=len(a.text), text=a.text[:200], done=a.done,
                    first_token_s=_rounded(a.first_token_s, 3), total_s=_rounded(a.total_s, 3), error=a.error)
     except Exception as e:  # the error is the answer
-        out["error"] = _describe(e)
+        out["error"] = describe_error(e)
     return out
 
 
@@ -328,7 +280,7 @@ def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: i
     try:
         a = _chat(host, port, body, bound, bound, key)
     except Exception as e:  # one run's error is its row
-        row["error"] = _describe(e)
+        row["error"] = describe_error(e)
         return row
     row.update(status=a.status, tokens=a.tokens or 0, total_s=_rounded(a.total_s, 4), error=a.error,
                first_token_s=_rounded(a.first_token_s, 4))
@@ -372,17 +324,3 @@ COMMANDS = {
     "snapshot": lambda a: snapshot(a[0], a[1]),
     "facts": lambda a: facts(a[0]),
 }
-
-
-def main(args: list[str]) -> int:
-    try:
-        result = COMMANDS[args[0]](args[1:])
-    except (IndexError, KeyError, ValueError):
-        print(json.dumps({"error": f"usage: python -m service.probe {{{'|'.join(COMMANDS)}}} ARGS (see its doc)"}))
-        return 2
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

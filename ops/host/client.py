@@ -1,9 +1,10 @@
-"""The controller's client of the service's HTTP API: a chat request, its answer (streamed or not), its error and
-/readyz, for every program that asks the service something (bench, load, demo, report and tune probes).
+"""The one client of the service's HTTP API: a chat request, its answer (streamed or not), its error, /readyz and
+other GETs, for every program that asks the service something: on the controller the bench, load, demo, report and
+tune (they import it from here), on a host the start gate's smoke answer, status and the probes.
 
-Standard library only: service/probe.py runs it on a host, in the release venv (the wheel carries ops/ too), and the
-clock must not depend on a third-party client's buffering. A streamed answer's first token is its first non-empty
-content delta (the role chunk before it carries no text); every read is bounded.
+Part of the host program, so standard library only; the clock must not depend on a third-party client's
+buffering. A streamed answer's first token is its first non-empty content delta (the role chunk before it carries no
+text); every read is bounded.
 """
 
 from __future__ import annotations
@@ -184,6 +185,37 @@ def chat(url: str, body: dict, timeout: float = 600, bound: float | None = None,
         conn.close()
         answer.total_s = time.perf_counter() - started
     return answer
+
+
+def base_url(host: str, port: int) -> str:
+    """http://host:port, an IPv6 address in brackets."""
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def api_key(env: dict[str, str]) -> str | None:
+    """The first key of an env file's VLFLEET_API_KEYS_FILE (read as root on the host), so a request passes where keys
+    are required; None when there is none or it cannot be read."""
+    path = env.get("VLFLEET_API_KEYS_FILE")
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    except OSError:
+        return None
+    return keys[0] if keys else None
+
+
+def get(url: str, timeout: float = 10, key: str | None = None) -> tuple[int, bytes]:
+    """GET ``url``: (status, body); (0, b"") when it did not answer."""
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + key} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (OSError, http.client.HTTPException):
+        return 0, b""
 
 
 def readyz(url: str, timeout: float = 15) -> dict[str, Any]:

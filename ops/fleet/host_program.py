@@ -1,0 +1,83 @@
+"""The host program (ops/host/) as one file: built into a zipapp, cached by the digest of its sources, and put on a
+host the same way by every caller: uploaded to contract.HOST_PROGRAM_DIR, checked by sha256, run with a Python of the
+host (`sudo python3 <program> COMMAND ARGS`)."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import shutil
+import tempfile
+import uuid
+import zipapp
+from dataclasses import dataclass
+from pathlib import Path
+
+from ops import host as host_package
+from ops.paths import cache_root, locked
+from service.contract import HOST_PROGRAM_DIR
+
+SOURCE = Path(host_package.__file__).parent
+PACKAGE = "vlfleet_host"  # its name inside the archive, so it needs nothing of ops/ on the host
+
+
+class ShipError(RuntimeError):
+    """The host program could not be put on a host (upload, install, or a sha256 that differs after it)."""
+
+
+@dataclass(frozen=True)
+class Program:
+    path: Path  # the archive on the controller
+    sha256: str
+
+    @property
+    def remote(self) -> str:
+        """Where it goes on a host: the name carries its content, so hosts keep one file per version."""
+        return f"{HOST_PROGRAM_DIR}/{self.path.name}"
+
+    def argv(self, python: str, command: str, *args: object) -> list[str]:
+        return [python, self.remote, command, *(str(a) for a in args)]
+
+
+def _sources() -> list[Path]:
+    return sorted(SOURCE.glob("*.py"))
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build(cache: Path | None = None) -> Program:
+    """The archive of the current sources (built once per source digest; parallel builds wait for each other)."""
+    digest = hashlib.sha256()
+    for src in _sources():
+        digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    path = (cache or cache_root() / "host-program") / f"vlfleet-host-{digest.hexdigest()[:16]}.pyz"
+    with locked(path):
+        if not path.is_file():
+            with tempfile.TemporaryDirectory() as tmp:
+                package = Path(tmp) / "src" / PACKAGE
+                package.mkdir(parents=True)
+                for src in _sources():
+                    shutil.copy2(src, package / src.name)
+                built = Path(tmp) / path.name
+                zipapp.create_archive(package.parent, built, main=f"{PACKAGE}.cli:run")
+                built.replace(path)
+    return Program(path, _sha256(path))
+
+
+def ensure(conn, program: Program, sudo: str = "sudo -n ") -> str:
+    """Put ``program`` on the host of the Fabric connection ``conn`` unless it is there with its sha256; its path
+    there. ``sudo`` "" when the connection is root already."""
+    remote = shlex.quote(program.remote)
+    have = conn.run(f"sha256sum {remote}", hide=True, warn=True, in_stream=False, timeout=60)
+    if have.ok and have.stdout.split()[:1] == [program.sha256]:
+        return program.remote
+    tmp = f"/tmp/.{program.path.name}.{uuid.uuid4().hex[:8]}"
+    conn.put(str(program.path), tmp)
+    done = conn.run(f"{sudo}install -D -o root -g root -m 0644 {tmp} {remote}; rc=$?; rm -f {tmp}; "
+                    f"[ $rc = 0 ] && sha256sum {remote}", hide=True, warn=True, in_stream=False, timeout=60)
+    if not done.ok or done.stdout.split()[:1] != [program.sha256]:
+        raise ShipError(f"could not install the host program at {program.remote}: "
+                        f"{(done.stderr or done.stdout).strip()[-300:] or 'sha256 differs'}")
+    return program.remote
