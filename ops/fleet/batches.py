@@ -1,11 +1,10 @@
 """Batching and abort logic of a rolling change (rollout, rollback, restart), independent of how a host is changed.
 
-Semantics follow Ansible's `serial` list and `max_fail_percentage`, so the Fabric tasks and
-ops/playbooks/rollout.yml behave alike: the batch spec "1,25%,50%" makes a canary batch of one host, then batches
-of 25% and 50% of the fleet (rounded down, at least one host); the last size repeats until every host is placed.
-Hosts of a batch run in parallel on a bounded pool; a batch always finishes. When the hosts that failed so far
-exceed --max-fail (a count, or a percentage of the fleet), no further batch starts and the remaining hosts are left
-untouched. Whatever a step raises becomes that host's result: never a traceback.
+Hosts are cut into batches in inventory order by a batch spec: "1,25%,50%" makes a canary batch of one host, then
+batches of 25% and 50% of the fleet (rounded down, at least one host); the last size repeats until every host is
+placed. Hosts of a batch run in parallel on a bounded pool; a batch always finishes. When the hosts that failed so
+far exceed --max-fail (a count, or a percentage of the fleet), no further batch starts and the remaining hosts are
+left untouched. Whatever a step raises becomes that host's result: never a traceback.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ plain Jinja2 (as Fabric renders them) and checked by the tools that consume them
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -122,3 +123,31 @@ def test_nginx_site_is_valid_and_drains(tmp_path: Path, affinity: bool):
     assert "proxy_buffering off;" in site and "proxy_http_version 1.1;" in site
     done = nginx.test()
     assert done.returncode == 0, done.stderr
+
+
+def test_site_names_the_env_settings_it_changes_from_the_running_release(tmp_path: Path):
+    # The inventory decides the env file; a `vlfleet rollout --env` change it lacks is undone by `vlfleet site`,
+    # and the warning right after the env step says which settings changed (none, or no `env_changes`: no warning).
+    from ops.playbook import ansible_env
+
+    tasks = yaml.safe_load((REPO / "roles" / "vlm_service" / "tasks" / "configure.yml").read_text())
+    at = next(i for i, task in enumerate(tasks) if task.get("register") == "__vlm_service_env")
+    warn = tasks[at + 1]
+    assert "ansible.builtin.debug" in warn and warn["changed_when"] is False
+    changes = {"VLFLEET_MAX_TOKENS": {"from": "256", "to": None}, "VLFLEET_QUEUE_SIZE": {"from": None, "to": "8"},
+               "VLFLEET_HOST": {"from": "0.0.0.0", "to": "10.0.0.2"}}
+    answers = [{"changed": True, "env_changes": changes}, {"changed": False, "env_changes": {}}, {"changed": False}]
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
+        task for answer in answers for task in (
+            {"ansible.builtin.set_fact": {"__vlm_service_env": {"rc": 0, "stdout_lines": ["", json.dumps(answer)]}}},
+            warn)]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "play.yml"], cwd=tmp_path,
+                          env=ansible_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    msgs = [json.loads(m) for m in re.findall(r'^    "msg": (".*")$', done.stdout, re.M)]
+    assert len(msgs) == 1 and msgs[0].startswith("WARNING: "), done.stdout
+    listed = "VLFLEET_HOST: 0.0.0.0 -> 10.0.0.2; VLFLEET_MAX_TOKENS: 256 -> (unset); VLFLEET_QUEUE_SIZE: (unset) -> 8."
+    assert listed in msgs[0]
+    assert "vlm_service_extra_env" in msgs[0]
+    assert done.stdout.count("skipping: [localhost]") == 2, done.stdout

@@ -179,12 +179,3 @@ def test_operator_mistakes_get_a_message_not_a_traceback(args, message):
     done = subprocess.run([VLFLEET, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 1
     assert message in done.stderr + done.stdout and "Traceback" not in done.stderr
-
-
-def test_rollout_playbook_syntax():
-    from ops.playbook import ansible_env
-
-    done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "--syntax-check", "-i",
-                           "inventory.example", "ops/playbooks/rollout.yml"], cwd=Path(__file__).parents[2],
-                          env=ansible_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
