@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.fleet import host_program
+from ops.fleet.host_program import ShipError, build, ensure
 from ops.fleet.batches import HostResult, Outcome, describe_error
 from ops.fleet.inventory import FleetError, Host, Inventory
 from service.contract import TUNED_FILE
@@ -92,7 +92,7 @@ class Fleet:
         self.hosts: list[Host] = members
         self.lbs: list[Host] = inventory.group(lb_group)
         self._lb_lock = threading.Lock()
-        self.program = host_program.build()
+        self.program = build()
         self._shipped: dict[str, str] = {} if ship else dict.fromkeys(inventory.hosts, self.program.remote)
         # Connections are made up front, in inventory order: a host's connection is used by one thread at a time.
         self.conns = {h.name: self._connect(Connection, h) for h in self.hosts + self.lbs}
@@ -126,8 +126,8 @@ class Fleet:
         connection is used by one thread at a time, so is its entry here)."""
         if name not in self._shipped:
             try:
-                self._shipped[name] = host_program.ensure(self.conns[name], self.program)
-            except host_program.ShipError as e:
+                self._shipped[name] = ensure(self.conns[name], self.program)
+            except ShipError as e:
                 raise StepError(str(e)) from None
         return self._shipped[name]
 

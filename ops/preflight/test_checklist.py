@@ -18,10 +18,10 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from ops.preflight.plugin import check, not_applicable
 from ops.fleet import host_program
 from ops.host import client
 from ops.host.layout import service_address
+from ops.preflight.plugin import check, not_applicable
 from service.contract import TUNED_FILE
 
 GiB = 1024**3
@@ -109,7 +109,8 @@ def probe(host, python: str, command: str, *args: object, timeout: int = 60):
 
 @pytest.fixture(scope="module")
 def facts(host, cfg: Config) -> dict[str, str]:
-    """Every shell-level fact of the host, read by one root process (the host program's snapshot probe): section -> text."""
+    """Every shell-level fact of the host, read by one root process (the host program's snapshot probe): section ->
+    text."""
     try:
         sections = probe(host, SYSTEM_PYTHON, "snapshot", cfg.root, cfg.service, timeout=120)
     except AssertionError as e:

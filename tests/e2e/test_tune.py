@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from service.contract import ENGINES
 from ops.preflight.results import Report
-from service.contract import ENGINE_ENV_FILE, TUNED_FILE
+from service.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
 from tests.e2e.hostcmd import sudo as _sudo
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]

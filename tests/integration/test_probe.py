@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from ops.report import summarize_probe
 from ops.fleet import host_program
+from ops.report import summarize_probe
 from tests.servers import free_port
 
 

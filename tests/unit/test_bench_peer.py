@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ops.host import client
 from ops.bench import llama_server, workload
 from ops.bench.suite import PeerInputs, Plan, measure_peer
+from ops.host import client
 from ops.llamacpp.gguf import GgufParams, gguf_manifest
 from service import manifest as mf
 

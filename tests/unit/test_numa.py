@@ -8,9 +8,9 @@ import os
 
 import pytest
 
+from ops.host import probe
 from ops.preflight.test_checklist import test_service_stays_on_one_numa_node as numa_local
 from ops.staging.vms import numa_argv
-from ops.host import probe
 
 
 def _facts(nodes: dict[str, str], procs: dict[str, tuple[list[str], dict[str, int]]]) -> dict[str, str]:

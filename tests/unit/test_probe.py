@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.report import parse_facts
 from ops.fleet import host_program
+from ops.report import parse_facts
 from service import contract
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
