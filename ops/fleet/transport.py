@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.fleet.host_program import ShipError, build, ensure
 from ops.fleet.batches import HostResult, Outcome, describe_error
+from ops.fleet.host_program import ShipError, build, ensure
 from ops.fleet.inventory import FleetError, Host, Inventory
 from service.contract import TUNED_FILE
 

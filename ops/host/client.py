@@ -192,18 +192,22 @@ def base_url(host: str, port: int) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def api_key(env: dict[str, str]) -> str | None:
-    """The first key of an env file's VLFLEET_API_KEYS_FILE (read as root on the host), so a request passes where keys
-    are required; None when there is none or it cannot be read."""
-    path = env.get("VLFLEET_API_KEYS_FILE")
-    if not path:
+def first_key(keys_file: str | None) -> str | None:
+    """The first key of a service's API keys file (read as root on the host), so a request passes where keys are
+    required; None without a file, or when it cannot be read."""
+    if not keys_file:
         return None
     try:
-        with open(path) as f:
+        with open(keys_file) as f:
             keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     except OSError:
         return None
     return keys[0] if keys else None
+
+
+def api_key(env: dict[str, str]) -> str | None:
+    """``first_key`` of an env file's VLFLEET_API_KEYS_FILE."""
+    return first_key(env.get("VLFLEET_API_KEYS_FILE"))
 
 
 def get(url: str, timeout: float = 10, key: str | None = None) -> tuple[int, bytes]:
@@ -234,21 +238,31 @@ def readyz(url: str, timeout: float = 15) -> dict[str, Any]:
         return {"status": None, "body": None, "error": describe(e)}
 
 
-def wait_ready(url: str, timeout: float, interval: float = 0.25,
-               alive: Callable[[], str | None] | None = None) -> float:
-    """Wait (bounded) for ``url``/readyz to answer 200; the seconds it took. NotReady when ``timeout`` runs out,
-    when the engine says it gave up (``failed``), or when ``alive()`` names why the server is gone."""
+LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason: the engine will not retry
+
+
+def _given_up(body: Any) -> bool:
+    """The engine says it will not turn ready (/readyz "failed"; a release from before that field names the load)."""
+    return isinstance(body, dict) and (body.get("failed") is True
+                                       or str(body.get("reason", "")).startswith(LOAD_FAILED))
+
+
+def wait_ready(url: str, timeout: float, interval: float = 0.25, alive: Callable[[], str | None] | None = None,
+               accept: Callable[[dict], bool] | None = None) -> tuple[float, dict]:
+    """Wait (bounded) for ``url``/readyz to answer 200 with a body ``accept`` takes (any, without it): the seconds it
+    took and that body. NotReady when ``timeout`` runs out, when the engine says it gave up, or when ``alive()``
+    names why the server is gone."""
     started = time.monotonic()
     while True:
         if alive and (gone := alive()):
             raise NotReady(gone)
         last = readyz(url + "/readyz", timeout=min(5.0, max(0.5, timeout)))
-        if last["status"] == 200:
-            return time.monotonic() - started
-        body = last["body"]
-        if isinstance(body, dict) and body.get("failed") is True:  # it will not turn ready: no use waiting
+        body = last["body"] if isinstance(last["body"], dict) else {}
+        if last["status"] == 200 and (accept is None or accept(body)):
+            return time.monotonic() - started, body
+        if _given_up(body):  # it will not turn ready: no use waiting
             raise NotReady(f"{url} will not become ready: {body.get('reason')}")
         if time.monotonic() - started + interval > timeout:
-            seen = last["error"] or f"HTTP {last['status']}: {json.dumps(body)[:200]}"
+            seen = last["error"] or f"HTTP {last['status']}: {json.dumps(last['body'])[:200]}"
             raise NotReady(f"{url} not ready after {timeout:g} s (last /readyz: {seen})")
         time.sleep(interval)

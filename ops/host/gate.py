@@ -40,33 +40,24 @@ def smoke(addr: tuple[str, int], timeout: float, key: str | None = None) -> dict
     return {"ok": True, "tokens": answer.tokens, "seconds": seconds}
 
 
-LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason: the engine will not retry
-
-
 def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: float | None, restarts: int,
                poll: float = 1.0) -> dict:
     """Wait (bounded) for /readyz 200 with a body ``accept`` takes; fail fast when the unit crashes meanwhile or
     the engine reports that it gave up (its model failed to load, its llama-server died while loading).
     {"ok": True, "ready_s", "readyz"} or {"ok": False, "reason", "journal"}."""
-    started = time.monotonic()
-    while True:
-        status, last = readyz(addr)
-        if status == 200 and accept(last):
-            return {"ok": True, "ready_s": round(time.monotonic() - started, 1), "readyz": last}
-        # The process lives on, never ready (the engine gave up: /readyz "failed", or a release from before that
-        # field whose model failed to load): stop waiting.
-        if last.get("failed") is True or str(last.get("reason", "")).startswith(LOAD_FAILED):
-            return {"ok": False, "reason": f"/readyz {status}: {last['reason']}", "journal": journal_tail(unit, since)}
+    def gone() -> str | None:
         state = unit_state(unit)
-        crashed = (state.get("ActiveState") in ("failed", "inactive") or state.get("SubState") == "auto-restart"
-                   or int(state.get("NRestarts") or 0) > restarts)
-        if crashed or time.monotonic() - started >= timeout:
-            why = (f"the service exited ({state.get('ActiveState')}/{state.get('SubState')}, "
-                   f"exit status {state.get('ExecMainStatus')})" if crashed
-                   else f"not ready after {timeout:.0f} s (last /readyz: {status or 'no answer'} "
-                        f"{last.get('reason', '')})")
-            return {"ok": False, "reason": why, "journal": journal_tail(unit, since)}
-        time.sleep(poll)
+        if (state.get("ActiveState") in ("failed", "inactive") or state.get("SubState") == "auto-restart"
+                or int(state.get("NRestarts") or 0) > restarts):
+            return (f"the service exited ({state.get('ActiveState')}/{state.get('SubState')}, exit status "
+                    f"{state.get('ExecMainStatus')})")
+        return None
+
+    try:
+        seconds, body = client.wait_ready(client.base_url(*addr), timeout, poll, alive=gone, accept=accept)
+    except client.NotReady as e:
+        return {"ok": False, "reason": str(e), "journal": journal_tail(unit, since)}
+    return {"ok": True, "ready_s": round(seconds, 1), "readyz": body}
 
 
 def gate(root: Path, unit: str, release: str | None, timeout: float, since: float | None, restarts: int,

@@ -35,18 +35,23 @@ def link_target(link: Path) -> str | None:
         return None
 
 
-def read_env(path: Path) -> dict[str, str]:
+def parse_env(text: str) -> dict[str, str]:
+    """An env file's NAME=value lines (the last of a name wins, as in systemd's EnvironmentFile=)."""
     env: dict[str, str] = {}
-    try:
-        text = path.read_text()
-    except OSError:
-        return env
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
             env[key.strip()] = value.strip()
     return env
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """``parse_env`` of the file at ``path``; {} when it cannot be read."""
+    try:
+        return parse_env(path.read_text())
+    except OSError:
+        return {}
 
 
 def wheelhouse_sha(root: Path, release: str) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from . import client, png
 from .contract import CPU_PLAN_FILE, MODEL_CACHE_DIR, TUNED_FILE
+from .layout import parse_env
 
 describe_error = client.describe
 
@@ -74,9 +75,7 @@ def _after_header(text: str) -> str:
 
 
 def _env_value(env_text: str, key: str) -> str:
-    """The last ``KEY=value`` of an env file (what systemd's EnvironmentFile ends up with)."""
-    values = [line[len(key) + 1:] for line in env_text.splitlines() if line.startswith(key + "=")]
-    return values[-1] if values else ""
+    return parse_env(env_text).get(key, "")
 
 
 def _df(*paths: str) -> str:
@@ -233,14 +232,6 @@ def _image_url(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
     return client.data_url(png.solid(*size, colour))
 
 
-def _first_key(keys_file: str) -> str | None:
-    if not keys_file:
-        return None
-    with open(keys_file) as f:
-        keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-    return keys[0] if keys else None
-
-
 def _chat(host: str, port: int, body: dict, timeout: float, bound: float, key: str | None):
     return client.chat(client.base_url(host, port), body, timeout, bound, key)
 
@@ -261,7 +252,7 @@ def stream(host: str, port: int, model: str, first_token_s: float, total_s: floa
     try:
         body = {"model": model, "stream": True, "max_tokens": 8, "temperature": 0,
                 "messages": _question(_image_url((64, 48), (200, 40, 40)), "What colour is this image?")}
-        a = _chat(host, port, body, first_token_s, total_s, _first_key(keys_file))
+        a = _chat(host, port, body, first_token_s, total_s, client.first_key(keys_file))
         out.update(status=a.status, chunks=a.chunks, chars=len(a.text), text=a.text[:200], done=a.done,
                    first_token_s=_rounded(a.first_token_s, 3), total_s=_rounded(a.total_s, 3), error=a.error)
     except Exception as e:  # the error is the answer
@@ -299,7 +290,7 @@ def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_fil
     engine that keeps encoded images (or their KV) would otherwise time its cache, not a typical first question.
     With ``clients`` > 1 each run is that many answers asked at once, as that many users would; every answer is a
     row. With ``keys_file`` (read as root on the host), the first key goes with each request."""
-    key = _first_key(keys_file)
+    key = client.first_key(keys_file)
 
     def one(i: int) -> dict[str, Any]:
         return _latency_run(host, port, _image_url(LATENCY_IMAGE, (40 + (7 * i) % 200, 120, 200)), tokens, bound, i,

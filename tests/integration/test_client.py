@@ -43,7 +43,11 @@ def test_a_bad_request_is_its_status_and_the_json_errors_message(service):
 
 
 def test_wait_ready_of_the_running_service(service):
-    assert 0 <= client.wait_ready(service.url, timeout=30) < 30
+    seconds, body = client.wait_ready(service.url, timeout=30)
+    assert 0 <= seconds < 30 and body["ready"] is True
+    engine = body["engine"]
+    with pytest.raises(client.NotReady, match=r"not ready after 1 s \(last /readyz: HTTP 200"):
+        client.wait_ready(service.url, timeout=1, accept=lambda b: b.get("engine") != engine)
 
 
 def test_wait_ready_gives_up_with_the_last_error():

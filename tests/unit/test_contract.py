@@ -16,8 +16,8 @@ import pytest
 from ops.fleet import Release, host_program
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import step_command
+from ops.host import client, envfile, gate, layout, tune
 from ops.host import contract as host_contract
-from ops.host import envfile, gate, layout, tune
 from ops.host.errors import HostError
 from service import contract, settings
 
@@ -38,15 +38,16 @@ def _host(tmp_path: Path, env: str) -> tuple[Path, Path]:
 def _service_reading(monkeypatch, root: Path, override: Path) -> None:
     """Restarts and /readyz of a service that starts as the unit does: the release's env file, then the override
     file, read by the service's own settings; its /readyz names the engine it runs."""
-    def readyz(addr):
+    def readyz(url, timeout):
         env = layout.read_env(root / "current" / "vlfleet.env")
         env.update(layout.read_env(override) if override.is_file() else {})
-        return 200, {"ready": True, "engine": settings.load({"VLFLEET_MODEL_DIR": "/m", **env}).engine}
+        engine = settings.load({"VLFLEET_MODEL_DIR": "/m", **env}).engine
+        return {"status": 200, "body": {"ready": True, "engine": engine}, "error": None}
 
     monkeypatch.setattr(tune, "restart_unit", lambda unit, stop_timeout=120: 0)
     monkeypatch.setattr(gate, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
     monkeypatch.setattr(gate, "journal_tail", lambda unit, since=None, lines=25: [])
-    monkeypatch.setattr(gate, "readyz", readyz)
+    monkeypatch.setattr(client, "readyz", readyz)
 
 
 def test_tune_putting_a_never_tuned_host_back_waits_for_the_engine_the_service_defaults_to(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from ops.fleet import (
     step_name,
 )
 from ops.fleet.transport import step_command
-from ops.host import envfile, gate, layout, lb, release, tune
+from ops.host import client, envfile, gate, layout, lb, release, tune
 from ops.host.errors import HostError
 from ops.host.gate import established_clients
 from ops.host.lb import set_drained
@@ -311,16 +311,17 @@ def test_wait_ready_stops_at_once_when_the_model_failed_to_load(monkeypatch):
     """A service whose engine could not load its model lives on unready; waiting out the timeout (tune's, the
     release gate's) would only delay the failure. The reason comes from the engine's own words."""
     engine_source = (Path(__file__).resolve().parents[2] / "service" / "engine" / "base.py").read_text()
-    assert f'f"{gate.LOAD_FAILED}: {{e}}"' in engine_source
-    reason = f"{gate.LOAD_FAILED}: llama-server exited with code 127"
+    assert f'f"{client.LOAD_FAILED}: {{e}}"' in engine_source
+    reason = f"{client.LOAD_FAILED}: llama-server exited with code 127"
     polls = []
-    monkeypatch.setattr(gate, "readyz", lambda addr: polls.append(addr) or (503, {"ready": False,
-                                                                                         "reason": reason}))
+    monkeypatch.setattr(client, "readyz", lambda url, timeout: polls.append(url) or {
+        "status": 503, "body": {"ready": False, "reason": reason}, "error": None})
     monkeypatch.setattr(gate, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
     monkeypatch.setattr(gate, "journal_tail", lambda unit, since: "journal")
     out = gate.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
                                 restarts=0)
-    assert out == {"ok": False, "reason": f"/readyz 503: {reason}", "journal": "journal"} and len(polls) == 1
+    assert out == {"ok": False, "reason": f"http://127.0.0.1:8000 will not become ready: {reason}",
+                   "journal": "journal"} and len(polls) == 1
 
 
 def test_wait_ready_stops_at_once_when_the_engine_gave_up(monkeypatch):
@@ -328,14 +329,14 @@ def test_wait_ready_stops_at_once_when_the_engine_gave_up(monkeypatch):
     llama-server that died while loading on a restart, or did not come back)."""
     reason = "llama-server died while loading (SIGSEGV): ...; not tried again: restart the service"
     polls = []
-    monkeypatch.setattr(gate, "readyz", lambda addr: polls.append(addr) or (503, {"ready": False,
-                                                                                         "reason": reason,
-                                                                                         "failed": True}))
+    monkeypatch.setattr(client, "readyz", lambda url, timeout: polls.append(url) or {
+        "status": 503, "body": {"ready": False, "reason": reason, "failed": True}, "error": None})
     monkeypatch.setattr(gate, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
     monkeypatch.setattr(gate, "journal_tail", lambda unit, since: "journal")
     out = gate.wait_ready(("127.0.0.1", 8000), "vlfleet", lambda body: True, timeout=600, since=None,
                                 restarts=0)
-    assert out == {"ok": False, "reason": f"/readyz 503: {reason}", "journal": "journal"} and len(polls) == 1
+    assert out == {"ok": False, "reason": f"http://127.0.0.1:8000 will not become ready: {reason}",
+                   "journal": "journal"} and len(polls) == 1
 
 
 def _fake_nginx(root: Path, workers: dict[int, str]) -> dict:
