@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ops.paths import cache_root, locked, repo_root
-from service.manifest import sha256_file
+from service.runtime.manifest import sha256_file
 
 PYTHONS = ("3.10", "3.11", "3.12")
 # Ubuntu 22.04 ships glibc 2.35: its hosts take any manylinux_2_x wheel with x <= 35.

@@ -10,8 +10,8 @@ import ipaddress
 import logging
 import sys
 
-from service import jsonlog
-from service.settings import Settings, SettingsError, load
+from service.runtime import jsonlog
+from service.runtime.settings import Settings, SettingsError, load
 
 log = logging.getLogger("vlfleet.serve")
 
@@ -22,7 +22,7 @@ EXIT_ARTIFACT = 3
 def check_hashes(directory) -> None:
     """The start gate's full part: every file's sha256 against the manifest (a same-size corruption passes
     ``check_startup``, which compares sizes). Raises ``ArtifactError`` naming the files."""
-    from service.manifest import ArtifactError, verify
+    from service.runtime.manifest import ArtifactError, verify
 
     report = verify(directory, full=True)
     fix = "copy the artifact again from the controller (the model_artifact role does it)"
@@ -34,7 +34,7 @@ def check_hashes(directory) -> None:
 
 
 def check_artifact(settings: Settings) -> None:
-    from service.manifest import ArtifactError, check_startup, installed_runtime_version
+    from service.runtime.manifest import ArtifactError, check_startup, installed_runtime_version
 
     if settings.skip_artifact_check:
         log.warning("artifact checks skipped (VLFLEET_SKIP_ARTIFACT_CHECK=true); not for production")
@@ -82,7 +82,7 @@ def _exit_worker(server, worker) -> None:
 def serve(settings: Settings) -> None:
     from gunicorn.app.base import BaseApplication
 
-    from service.app import create_app
+    from service.http.app import create_app
 
     if not _is_loopback(settings.host) and settings.api_keys_file is None:
         log.warning("binding %s without API keys: anyone who can reach this address can use the model; "

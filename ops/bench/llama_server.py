@@ -39,7 +39,7 @@ TIMING_KEYS = ("prompt_n", "prompt_ms", "prompt_per_token_ms", "predicted_n", "p
 
 def artifact_files(artifact: Path) -> GgufFiles:
     """The language model and vision projector of a GGUF artifact, as its manifest names them."""
-    from service.manifest import read_manifest
+    from service.runtime.manifest import read_manifest
 
     files = GgufFiles.of(artifact, read_manifest(artifact))
     if files is None:

@@ -34,10 +34,11 @@ def service_env(env: dict[str, str] | None = None) -> dict[str, str]:
 def model_size(png: bytes, model: Path, env: dict[str, str] | None = None,
                detail: str | None = None) -> tuple[int, int]:
     """(width, height) of ``png`` as the service started with ``env`` feeds it to the model: the service's own
-    preparation (service.images.prepare) under the image limits of its settings for ``detail`` (auto when None)."""
-    from service.image_source import limits_by_detail
-    from service.images import prepare
-    from service.settings import load
+    preparation (service.engine.images.prepare) under the image limits of its settings for ``detail`` (auto when
+    None)."""
+    from service.engine.images import prepare
+    from service.http.image_source import limits_by_detail
+    from service.runtime.settings import load
 
     return prepare(png, limits_by_detail(load(service_env(env), model_dir=model))[detail or "auto"]).size
 

@@ -7,7 +7,7 @@ run (and which of them goes first) so drift on a noisy machine hits both alike:
 - a clean process started for this benchmark alone (``python -m ops.bench.service_overhead --worker``, never the
   bench's own long-lived process), which loads VLMPipeline with the service's settings (the environment the service
   gets) and answers each request as the service's serial engine does: the image prepared by
-  ``service.images.prepare`` under the service's limits, the prompt rendered by ``render_prompt``, the generation
+  ``service.engine.images.prepare`` under the service's limits, the prompt rendered by ``render_prompt``, the generation
   config made by ``generation_config`` from the Sampling the service's request parser makes of the same body, and
   the service's per-token streamer. It is timed from the PNG bytes to the first piece of text, as a client times
   the service from its request.
@@ -52,9 +52,9 @@ class InProcess:
     """VLMPipeline set up and driven as the service's serial engine drives it; lives in the worker process."""
 
     def __init__(self, model: Path, environ: dict[str, str] | None = None):
-        from service import image_source
         from service.engine import load_pipeline
-        from service.settings import load
+        from service.http import image_source
+        from service.runtime.settings import load
 
         self.settings = load(os.environ if environ is None else environ, model_dir=model)
         s = self.settings
@@ -64,8 +64,9 @@ class InProcess:
         self.tokenizer = self.pipe.get_tokenizer()
 
     def release_mapped_weights(self) -> None:
-        """What the service does after its warm-up (service.mapped_weights): the same memory state on both sides."""
-        from service.mapped_weights import release
+        """What the service does after its warm-up (service.runtime.mapped_weights): the same memory state on both
+        sides."""
+        from service.runtime.mapped_weights import release
 
         try:
             release(self.settings.model_dir)
@@ -76,11 +77,11 @@ class InProcess:
         import openvino as ov
         import openvino_genai as ov_genai
 
-        from service import openai_request
-        from service.conversation import Conversation, Turn
-        from service.detokenize import token_streamer
         from service.engine import generation_config, render_prompt
-        from service.images import prepare
+        from service.engine.conversation import Conversation, Turn
+        from service.engine.detokenize import token_streamer
+        from service.engine.images import prepare
+        from service.http import openai_request
 
         s = self.settings
         # What the service makes of the same request: its Sampling, and the conversation to check ours against.

@@ -40,7 +40,7 @@ from ops.bench import (
 from ops.bench.charts import suite_charts
 from ops.bench.report import render
 from ops.bench.server import Server, model_size
-from service.prompt_limits import VisionGrid
+from service.engine.prompt_limits import VisionGrid
 
 SECTIONS = ("machine", "baselines", "int8", "int4", "images", "followup", "structured", "concurrency", "overhead",
             "peer", "tune", "tune_load")
@@ -91,10 +91,10 @@ def parse_only(only: str | None) -> tuple[str, ...]:
 
 
 def service_engines() -> tuple[tuple[str, ...], str]:
-    """The engines the service runs the int4 (OpenVINO IR) artifact on, and the one it runs by default: VLFLEET_ENGINE's
-    choices and default (service.contract). llamacpp serves GGUF artifacts: the peer and tune sections measure it;
-    hybrid runs the IR's vision with the peer's GGUF (engine_env)."""
-    from service.contract import DEFAULT_ENGINE, ENGINES
+    """The engines the service runs the int4 (OpenVINO IR) artifact on, and the one it runs by default:
+    VLFLEET_ENGINE's choices and default (service.runtime.contract). llamacpp serves GGUF artifacts: the peer and tune
+    sections measure it; hybrid runs the IR's vision with the peer's GGUF (engine_env)."""
+    from service.runtime.contract import DEFAULT_ENGINE, ENGINES
 
     return tuple(e for e in ENGINES if e != "llamacpp"), DEFAULT_ENGINE
 
@@ -545,7 +545,7 @@ def _finish(results: dict, plan: Plan, say: Progress) -> dict:
 def peer_entry(inputs: PeerInputs) -> dict:
     """What the peer is: its build, artifact and the machine it runs on."""
     from ops.machine import describe
-    from service.manifest import read_manifest
+    from service.runtime.manifest import read_manifest
 
     manifest = read_manifest(inputs.artifact)
     return {"engine": "llama-server", "machine": describe(),
@@ -600,8 +600,8 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
     from dataclasses import asdict
 
     from ops.fleet import tune
-    from service import probe
-    from service.manifest import is_gguf_artifact
+    from ops.host import probe
+    from service.runtime.manifest import is_gguf_artifact
 
     peer, peer_error = None, "the run was given no llama-server (peer_inputs)"
     if peer_inputs is not None:

@@ -50,15 +50,15 @@ def summarize(samples: list[Sample]) -> dict:
 
 def in_process(pipe, png: bytes, tokens: int, prompt: str = PROMPT) -> Sample:
     """One answer from a VLMPipeline in this process, prompted (service.engine.render_prompt) and streamed
-    (service.detokenize) as the service does, and timed at the first piece of text, as a client of the service
+    (service.engine.detokenize) as the service does, and timed at the first piece of text, as a client of the service
     times it."""
     import openvino as ov
     import openvino_genai as ov_genai
 
-    from service.conversation import Conversation, Turn
-    from service.detokenize import token_streamer
     from service.engine import render_prompt
-    from service.images import PreparedImage
+    from service.engine.conversation import Conversation, Turn
+    from service.engine.detokenize import token_streamer
+    from service.engine.images import PreparedImage
 
     pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)[None]
     image = PreparedImage(pixels, "bench", (pixels.shape[2], pixels.shape[1]))

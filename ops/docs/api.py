@@ -1,5 +1,5 @@
-"""docs/api.md: the HTTP API, from service/openapi.py document() (generated from the pydantic models), and the
-request limits from service/settings.py."""
+"""docs/api.md: the HTTP API, from service/http/openapi.py document() (generated from the pydantic models), and the
+request limits from service/runtime/settings.py."""
 
 from __future__ import annotations
 
@@ -75,12 +75,12 @@ def _schema_section(name: str, schema: dict) -> list[str]:
 
 def render(version: str | None = None) -> str:
     from service import __version__
-    from service.openapi import document
+    from service.http.openapi import document
 
     doc = document(version or __version__)
     schemas = doc["components"]["schemas"]
-    lines = [HEADER.format(source="service/openapi.py (document(); served live at GET /openapi.json) from the "
-                                  "pydantic models in service/api_models.py and service/api_responses.py"),
+    lines = [HEADER.format(source="service/http/openapi.py (document(); served live at GET /openapi.json) from the "
+                                  "pydantic models in service/http/api_models.py and service/http/api_responses.py"),
              f"# HTTP API reference ({doc['info']['title']} {doc['info']['version']})", "",
              cell(doc["info"]["description"]), "",
              "The same document is served by every host at `GET /openapi.json` (OpenAPI "
@@ -115,8 +115,8 @@ def render(version: str | None = None) -> str:
 
 
 def tool_calling() -> list[str]:
-    """How tools and tool_choice work, and the OpenAI fields still refused by name (service/openai_request.py)."""
-    from service.openai_request import UNSUPPORTED
+    """How tools and tool_choice work, and the OpenAI fields still refused by name (service/http/openai_request.py)."""
+    from service.http.openai_request import UNSUPPORTED
 
     return ["## Tool calling", "",
             "`tools` (OpenAI function tools) are listed to the model by its own chat template (Qwen3-VL's `<tools>` "
@@ -167,8 +167,9 @@ LIMITS = ("max_input_tokens", "max_turns", "max_conversation_images", "max_image
 
 
 def limits() -> list[str]:
-    """What one request may ask, and why: the settings that bound it, with their defaults (from service/settings.py)."""
-    from service.settings import FIELDS
+    """What one request may ask, and why: the settings that bound it, with their defaults (from
+    service/runtime/settings.py)."""
+    from service.runtime.settings import FIELDS
 
     fields = {f.name: f for f in FIELDS}
     lines = ["## Limits", "",

@@ -1,4 +1,4 @@
-"""docs/configuration.md: the service's VLFLEET_* settings (service/settings.py FIELDS) and every role's inputs
+"""docs/configuration.md: the service's VLFLEET_* settings (service/runtime/settings.py FIELDS) and every role's inputs
 (roles/*/meta/argument_specs.yml)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ops.docs.markdown import HEADER, cell, default
 
 
 def service_settings() -> str:
-    from service.settings import FIELDS
+    from service.runtime.settings import FIELDS
 
     lines = ["## Service settings (`VLFLEET_*`)", "",
              "The service reads these environment variables once at start and refuses to start, naming the variable, "
@@ -57,7 +57,7 @@ def _role_section(role_dir: Path) -> str:
 
 def render(root: Path) -> str:
     roles = sorted(p.parent.parent for p in (root / "roles").glob("*/meta/argument_specs.yml"))
-    parts = [HEADER.format(source="service/settings.py (FIELDS) and roles/*/meta/argument_specs.yml"),
+    parts = [HEADER.format(source="service/runtime/settings.py (FIELDS) and roles/*/meta/argument_specs.yml"),
              "# Configuration reference", "",
              "Two layers: the **service** on each host reads `VLFLEET_*` environment variables; the **roles** read "
              "Ansible variables from your inventory (`inventory.example` shows the common ones with their defaults). "

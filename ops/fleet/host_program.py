@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ops import host as host_package
 from ops.paths import cache_root, locked
-from service.contract import HOST_PROGRAM_DIR
+from service.runtime.contract import HOST_PROGRAM_DIR
 
 SOURCE = Path(host_package.__file__).parent
 PACKAGE = "vlfleet_host"  # its name inside the archive, so it needs nothing of ops/ on the host

@@ -15,8 +15,8 @@ from typing import Any
 
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet
-from service.contract import HOST_NAMES, RELEASE_ID
-from service.settings import unknown_names
+from service.runtime.contract import HOST_NAMES, RELEASE_ID
+from service.runtime.settings import unknown_names
 
 
 @dataclass

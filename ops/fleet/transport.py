@@ -19,7 +19,7 @@ from typing import Any
 from ops.fleet.batches import HostResult, Outcome, describe_error
 from ops.fleet.host_program import ShipError, build, ensure
 from ops.fleet.inventory import FleetError, Host, Inventory
-from service.contract import TUNED_FILE
+from service.runtime.contract import TUNED_FILE
 
 
 class StepError(RuntimeError):

@@ -1,13 +1,13 @@
 """`vlfleet tune`: a measured choice of engine per host.
 
 Engines differ per CPU, so each host measures its own. For every engine the host can run, tune starts the service on
-it (the override env file the unit reads after the release's, service.contract.ENGINE_ENV_FILE), waits for /readyz,
-times ``runs`` answers of ``tokens`` tokens, each about a new image, from the host itself (the host program's
-`latency` probe) and reads the service's peak RSS. The score is the median time to the complete answer (first token
-+ the rest of the tokens). The fastest engine whose peak fits the host's memory budget wins, unless one is pinned
-(`--engine`, or `vlfleet_engine` in the host's inventory vars); the service is restarted on it and the record is
-written on the host (service.contract.TUNED_FILE) and on the controller (tune-<host>.json). The host is out of nginx
-meanwhile.
+it (the override env file the unit reads after the release's, service.runtime.contract.ENGINE_ENV_FILE), waits for
+/readyz, times ``runs`` answers of ``tokens`` tokens, each about a new image, from the host itself (the host
+program's `latency` probe) and reads the service's peak RSS. The score is the median time to the complete answer
+(first token + the rest of the tokens). The fastest engine whose peak fits the host's memory budget wins, unless one
+is pinned (`--engine`, or `vlfleet_engine` in the host's inventory vars); the service is restarted on it and the
+record is written on the host (service.runtime.contract.TUNED_FILE) and on the controller (tune-<host>.json). The
+host is out of nginx meanwhile.
 
 The choices (plan, budget, score, pick, record) are pure functions, apart from the steps that talk to a host.
 """
@@ -29,7 +29,7 @@ from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet, StepError, _journal_hint
 from ops.host.layout import service_address
 from ops.machine import isa
-from service.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
+from service.runtime.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
 
 RECORD_VERSION = 1
 MiB = 1024 * 1024
@@ -127,7 +127,7 @@ def _llamacpp_missing(server: dict) -> str | None:
 
 
 def _setting_default(name: str) -> Any:
-    from service.settings import FIELDS
+    from service.runtime.settings import FIELDS
 
     return next(f.default for f in FIELDS if f.name == name)
 

@@ -10,7 +10,7 @@ Modules: cli (the command table), layout (the release tree), envfile (the env fi
 switch, prune, placement), gate (restart, readiness, smoke answer, drain wait), status, tune (tune's host steps), lb
 (nginx drain), probe (the checklist's and the report's reads), client (the one HTTP client of the service's API, also
 the controller's), system (subprocess, systemd, cgroups, atomic files), png, contract (generated from
-service/contract.py).
+service/runtime/contract.py).
 
 Standard library only, Python 3.10: nothing outside this folder is imported (tests/unit/test_import_layers.py).
 """

@@ -12,7 +12,7 @@ from .system import group_id, write_atomic
 
 ENV_HEADER = ("# Managed by vlfleet (the env step of the host program, ops/host/, which the vlm_service role and\n"
               "# `vlfleet rollout` run); local changes are overwritten.\n"
-              "# Service settings (service/settings.py documents every VLFLEET_* variable). Read by systemd "
+              "# Service settings (service/runtime/settings.py documents every VLFLEET_* variable). Read by systemd "
               "(EnvironmentFile=).\n")
 
 

@@ -1,6 +1,6 @@
 """The release tree on a host: `<root>/releases/<id>/{venv,vlfleet.env}`, `<root>/current` and `<root>/previous`
 (symlinks to releases/<id>), `<root>/models/<id>`, `<root>/wheelhouses/<id>`; the files outside it that tune and the
-launcher keep (contract.py, generated from service/contract.py); the service's address in an env file."""
+launcher keep (contract.py, generated from service/runtime/contract.py); the service's address in an env file."""
 
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ def place(args: dict) -> dict:
         raise HostError(f"upload {src} is missing")
     run(["chown", "-R", "root:root", str(src)])
     if args.get("verify_with"):
-        done = subprocess.run([args["verify_with"], "-m", "service.manifest", "verify", "--full", str(src)],
+        done = subprocess.run([args["verify_with"], "-m", "service.runtime.manifest", "verify", "--full", str(src)],
                               capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             shutil.rmtree(src, ignore_errors=True)

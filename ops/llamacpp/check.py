@@ -52,7 +52,7 @@ def run(binary: Path, artifact: Path, log_dir: Path, runs: int = 3, tokens: int 
         say: Callable[[str], None] = print) -> dict:
     """The smoke and (``runs`` > 0) the speed comparison of ``binary`` on GGUF ``artifact``; the JSON document."""
     from ops.machine import describe
-    from service.manifest import read_manifest
+    from service.runtime.manifest import read_manifest
 
     manifest = read_manifest(artifact)
     data: dict = {

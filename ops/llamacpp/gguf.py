@@ -1,5 +1,5 @@
 """Hugging Face checkpoint -> GGUF artifact for llama.cpp: the language model at a chosen quantisation, the
-vision projector (mmproj) beside it, and manifest.json with every file's sha256 (service.manifest's format).
+vision projector (mmproj) beside it, and manifest.json with every file's sha256 (service.runtime.manifest's format).
 
     <artifact>/language-model-Q4_0.gguf   converter (f16) + llama-quantize, or the converter alone for
                                           F16/BF16/F32/Q8_0
@@ -12,9 +12,9 @@ synthetic checkpoints need). Atomic like ops.model.convert: everything is writte
 sibling that is renamed into place after its manifest is written; an existing artifact with the same inputs is
 a no-op and one with different content is never overwritten.
 
-Manifest: service.manifest's helpers write and verify it (``python -m service.manifest verify DIR --full``
-works on a GGUF artifact). That format gates hosts on ``min_runtime.openvino``, which a GGUF artifact does not
-need: it is written as "0" (any), and the llama.cpp requirement is ``min_runtime["llama-cpp-python"]``, the
+Manifest: service.runtime.manifest's helpers write and verify it (``python -m service.runtime.manifest verify DIR
+--full`` works on a GGUF artifact). That format gates hosts on ``min_runtime.openvino``, which a GGUF artifact does
+not need: it is written as "0" (any), and the llama.cpp requirement is ``min_runtime["llama-cpp-python"]``, the
 source version whose converter wrote the files.
 """
 
@@ -36,7 +36,7 @@ from typing import Any
 from ops.llamacpp import source as source_mod
 from ops.model.publish import publish, up_to_date
 from ops.process import die_with_parent
-from service import manifest as mf
+from service.runtime import manifest as mf
 
 WRAPPER = Path(__file__).with_name("hf_to_gguf.py")
 # Types the converter writes itself (no llama.cpp build needed), by llama-quantize's names.
@@ -129,7 +129,8 @@ def tool_versions(source: source_mod.Source) -> dict[str, str]:
 
 def gguf_manifest(directory: Path, *, origin: Mapping[str, Any], params: GgufParams, tools: Mapping[str, str],
                   pre_tokenizer: str | None) -> dict[str, Any]:
-    """manifest.json for a GGUF artifact, by service.manifest.build_manifest (see the module doc on min_runtime)."""
+    """manifest.json for a GGUF artifact, by service.runtime.manifest.build_manifest (see the module doc on
+    min_runtime)."""
     manifest = mf.build_manifest(directory, source=origin, weight_format=params.describe(), tools=tools,
                                  min_runtime="0")
     manifest["min_runtime"]["llama-cpp-python"] = tools["llama-cpp-python"]

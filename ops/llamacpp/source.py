@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ops.paths import cache_root, locked
-from service.manifest import sha256_file as sha256_of
+from service.runtime.manifest import sha256_file as sha256_of
 
 PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"

@@ -13,7 +13,7 @@ from pathlib import Path
 from ops.model.convert import ConvertParams, convert, tool_versions
 from ops.model.fetch import Fetched, fetch
 from ops.paths import cache_root
-from service import manifest as mf
+from service.runtime import manifest as mf
 
 
 def build_key(fetched: Fetched, params: ConvertParams) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from ops.model import convert as convert_mod
 from ops.model import synth
 from ops.paths import cache_root, locked
-from service import manifest as manifest_mod
+from service.runtime import manifest as manifest_mod
 
 
 def _code_key(*modules) -> str:

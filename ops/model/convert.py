@@ -24,7 +24,7 @@ from typing import Any
 
 from ops.model.publish import publish, up_to_date
 from ops.process import die_with_parent
-from service import manifest as mf
+from service.runtime import manifest as mf
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16")
 # Versions recorded in the manifest: everything that shapes the bytes of the IR.

@@ -34,7 +34,7 @@ from typing import Any
 
 from ops.model.convert import SOURCE_FILE, describe_source
 from ops.paths import cache_root
-from service.manifest import sha256_file
+from service.runtime.manifest import sha256_file
 
 DEFAULT_REPO = "Qwen/Qwen3-VL-2B-Instruct"
 DEFAULT_REVISION = "main"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from service import manifest as mf
+from service.runtime import manifest as mf
 
 
 def up_to_date(out: Path, same_inputs: Callable[[Mapping[str, Any]], bool], say: Callable[[str], None]) -> bool:

@@ -29,8 +29,8 @@ TEXT_TOKENS = {"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>"
 # The chat format of Qwen3-VL-Instruct's template, written for the synthetic checkpoint (the real checkpoint brings
 # its own): images as vision tags in their turns; with tools, a system turn listing them as JSON lines in <tools>;
 # an assistant's calls as <tool_call>{"name", "arguments"}</tool_call> blocks; tool results as <tool_response>
-# blocks in one user turn. Those are what the service's tool calling renders, constrains and parses (service.tools),
-# and what llama-server recognises in a template (Hermes-style calls).
+# blocks in one user turn. Those are what the service's tool calling renders, constrains and parses
+# (service.http.tools), and what llama-server recognises in a template (Hermes-style calls).
 CHAT_TEMPLATE = r"""
 {%- macro text(content) -%}
 {%- if content is string -%}{{- content -}}

@@ -22,7 +22,7 @@ from ops.fleet import host_program
 from ops.host import client
 from ops.host.layout import service_address
 from ops.preflight.plugin import check, not_applicable
-from service.contract import TUNED_FILE
+from service.runtime.contract import TUNED_FILE
 
 GiB = 1024**3
 MiB = 1024**2
@@ -285,11 +285,11 @@ def test_model_artifact(host, release, record_property):
     python, env = need_release(release)
     model_dir = env.get("VLFLEET_MODEL_DIR")
     assert model_dir, "VLFLEET_MODEL_DIR is not set in vlfleet.env"
-    res = run(host, "%s -m service.manifest verify %s --full", python, model_dir, timeout=600)
+    res = run(host, "%s -m service.runtime.manifest verify %s --full", python, model_dir, timeout=600)
     try:
         report = json.loads(res.stdout)
     except ValueError:
-        raise AssertionError(f"`python -m service.manifest verify {model_dir} --full` failed (exit {res.rc}): "
+        raise AssertionError(f"`python -m service.runtime.manifest verify {model_dir} --full` failed (exit {res.rc}): "
                              f"{(res.stderr or res.stdout).strip()[-300:]}") from None
     assert report["ok"], f"{model_dir}: " + "; ".join(report["problems"])
     runtime = report.get("runtime", {})

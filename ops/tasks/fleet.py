@@ -8,7 +8,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
-from service.contract import ENGINES
+from service.runtime.contract import ENGINES
 
 COMMON_HELP = {
     "inventory": "Ansible inventory with groups vlm and lb (default: ./inventory.yml)",

@@ -89,7 +89,7 @@ def convert(c, source, out, weight_format="int4", group_size=128, ratio="1.0", s
 
 
 def _verify_or_exit(path: Path, smoke: bool, cheap: bool = False, report=None) -> None:
-    from service.manifest import verify as run_verify
+    from service.runtime.manifest import verify as run_verify
 
     started = time.monotonic()
     report = report or run_verify(path, full=not cheap)

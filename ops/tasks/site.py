@@ -25,7 +25,7 @@ def _llamacpp(gguf: str, build_kind: str) -> tuple[Path, Path]:
     from ops.llamacpp import build, wheel
     from ops.llamacpp import gguf as gguf_mod
     from ops.llamacpp.source import SourceError
-    from service.manifest import is_gguf_artifact
+    from service.runtime.manifest import is_gguf_artifact
 
     path = Path(gguf).expanduser()
     if gguf != "tiny" and not is_gguf_artifact(path):  # checked first: the build may take many minutes

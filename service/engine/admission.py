@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from service.conversation import Timings
+from service.engine.conversation import Timings
 
 # Exponentially weighted averages: recent jobs weigh most, so the estimate follows a change of load or prompt mix
 # within a few jobs, one outlier (a huge image) moves it only part of the way, and no window of samples is kept.

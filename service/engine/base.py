@@ -16,16 +16,16 @@ import queue
 import threading
 import time
 
-from service.answer_cache import AnswerCache, CachedAnswer, cache_key
-from service.conversation import Conversation, Sampling, Timings, Turn
 from service.engine.admission import WaitEstimator
+from service.engine.answer_cache import AnswerCache, CachedAnswer, cache_key
+from service.engine.conversation import Conversation, Sampling, Timings, Turn
+from service.engine.errors import APIError, Overloaded
 from service.engine.events import Done, Failed
 from service.engine.genai import render_prompt
 from service.engine.job import FINISHED, QUEUED, RUNNING, Job, replay
-from service.errors import APIError, Overloaded
-from service.prompt_limits import PromptLimits
-from service.routing import HOST
-from service.sessions import SessionStore
+from service.engine.prompt_limits import PromptLimits
+from service.engine.routing import HOST
+from service.engine.sessions import SessionStore
 
 log = logging.getLogger("vlfleet.engine")
 
@@ -41,9 +41,10 @@ class Engine:
     # Queued jobs run one after another (service.engine.admission): engines that run several at once opt out.
     estimates_wait = True
     # The engine constrains an answer to a response_format (json_object, json_schema) while it is generated; the
-    # API refuses a response_format on an engine that does not (service.api_openai), never ignores it.
+    # API refuses a response_format on an engine that does not (service.http.api_openai), never ignores it.
     constrains_output = False
-    # The most top_logprobs entries per token the engine computes (service.logprobs); None: no token logprobs at all.
+    # The most top_logprobs entries per token the engine computes (service.engine.logprobs); None: no token logprobs
+    # at all.
     top_logprobs: int | None = None
     # What of a schema its grammar cannot hold, refused by check_format (docs/api.md's engine table says it).
     format_limits = ""
@@ -83,7 +84,7 @@ class Engine:
     def submit(self, conversation: Conversation, sampling: Sampling, request_id: str,
                max_wait: float | None = None) -> Job:
         """Queue a job, or refuse it now. ``max_wait``: the load balancer's bound on this request's wait (below
-        VLFLEET_QUEUE_TIMEOUT), so that it goes to another host rather than wait here (service.routing)."""
+        VLFLEET_QUEUE_TIMEOUT), so that it goes to another host rather than wait here (service.engine.routing)."""
         self._admit_or_refuse()
         self.limits.check(conversation)  # before queueing: a prompt over the limits never takes a queue slot
         if sampling.response_format is not None:
@@ -179,7 +180,7 @@ class Engine:
         self.gave_up = True
 
     def _release_mapped_weights(self) -> None:
-        from service.mapped_weights import release
+        from service.runtime.mapped_weights import release
 
         try:
             released = release(self.settings.model_dir)
@@ -305,7 +306,7 @@ def warmup_conversation() -> Conversation:
     """A one-image question the engines answer (two tokens) before declaring themselves ready."""
     import numpy as np
 
-    from service.images import PreparedImage
+    from service.engine.images import PreparedImage
 
     pixels = np.full((1, 64, 64, 3), 127, dtype=np.uint8)
     return Conversation((Turn("user", "Describe the image.", (PreparedImage(pixels, "warmup", (64, 64)),)),))

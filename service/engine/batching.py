@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.conversation import Conversation, Sampling, Timings
-from service.detokenize import IncrementalDecoder
 from service.engine.base import Engine, warmup_conversation
+from service.engine.conversation import Conversation, Sampling, Timings
+from service.engine.detokenize import IncrementalDecoder
 from service.engine.events import Started, Token
 from service.engine.genai import (
     BOUNDS_LIMIT,
@@ -29,7 +29,7 @@ from service.engine.genai import (
     render_prompt,
 )
 from service.engine.job import RUNNING, Job
-from service.logprobs import TokenBytes, entry
+from service.engine.logprobs import TokenBytes, entry
 
 log = logging.getLogger("vlfleet.engine")
 
@@ -57,7 +57,7 @@ class BatchingEngine(Engine):
     # wait many times over. The bounded queue (429) and the queue timeout (503) still hold here.
     estimates_wait = False
     constrains_output = True  # genai's StructuredOutputConfig (xgrammar) on each request's GenerationConfig
-    top_logprobs = 0  # genai's generated_log_probs: the chosen token's logprob, no top-k (service.logprobs)
+    top_logprobs = 0  # genai's generated_log_probs: the chosen token's logprob, no top-k (service.engine.logprobs)
     format_limits = BOUNDS_LIMIT
 
     @functools.cached_property

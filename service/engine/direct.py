@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from service.conversation import Conversation, Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
+from service.engine.conversation import Conversation, Sampling, Timings
 from service.engine.direct_pipeline import DirectPipeline, Generation
 from service.engine.events import Started, Token
 from service.engine.job import Job
@@ -40,7 +40,7 @@ class DirectEngine(Engine):
     """One DirectPipeline; its kept images and KV state survive between requests (trimmed under memory pressure)."""
 
     constrains_output = True  # response_format: the answer is generated under the schema's grammar
-    top_logprobs = 20  # it has the logits of every step (service.logprobs.from_logits)
+    top_logprobs = 20  # it has the logits of every step (service.engine.logprobs.from_logits)
 
     def check_format(self, fmt) -> None:
         """A schema the grammar engine cannot enforce is a 400 at submit, not after a wait in the queue; compiled

@@ -6,7 +6,7 @@ the one genai would build. Sampling is greedy unless a temperature is given (the
 stop strings are matched on the text, which is held back only as long as a stop string could still be completing.
 A response format (JSON) masks the logits at every step with its grammar's allowed tokens (service.engine.structured)
 before the same sampling; the end of the answer is then allowed only where the grammar accepts. Token logprobs (when
-asked for) are a log-softmax over the same logits the token was drawn from (service.logprobs.from_logits).
+asked for) are a log-softmax over the same logits the token was drawn from (service.engine.logprobs.from_logits).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from service.conversation import Conversation, Sampling
-from service.detokenize import IncrementalDecoder
+from service.engine.conversation import Conversation, Sampling
+from service.engine.detokenize import IncrementalDecoder
 from service.engine.genai import pipeline_properties, render_prompt
+from service.engine.logprobs import TokenBytes, from_logits
 from service.engine.stateful_lm import Prompt, StatefulLM, TokenIds, expand_images
 from service.engine.structured import Grammars
 from service.engine.vision import VisionEncoder
-from service.logprobs import TokenBytes, from_logits
 
 VISION_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"  # what the chat template writes for an image
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.conversation import Timings
-from service.errors import APIError
+from service.engine.conversation import Timings
+from service.engine.errors import APIError
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Started:
 
 @dataclass(frozen=True)
 class Token:
-    """The next piece of the answer's text, and the logprob entries of the tokens that made it (service.logprobs;
+    """The next piece of the answer's text, and the logprob entries of the tokens that made it (service.engine.logprobs;
     only when the request asked for logprobs)."""
 
     text: str

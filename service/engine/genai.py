@@ -12,13 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from service.conversation import Conversation, ResponseFormat, Sampling
-from service.errors import APIError
+from service.engine.conversation import Conversation, ResponseFormat, Sampling
+from service.engine.errors import APIError
 
 ANY_OBJECT = '{"type": "object"}'  # json_object: a schema any JSON object follows
 SCHEMA_PARAM = "response_format.json_schema.schema"
 TOOLS_PARAM = "tools"
-# A forced tool call (service.tools) in Qwen3-VL's format: the call object between these, one newline each side.
+# A forced tool call (service.http.tools) in Qwen3-VL's format: the call object between these, one newline each side.
 CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 
 
@@ -64,7 +64,7 @@ def generation_config(sampling: Sampling):
         cfg.ignore_eos = True
         cfg.min_new_tokens = sampling.max_tokens
     if sampling.logprobs:
-        cfg.logprobs = 1  # the chosen token's: genai computes no top-k (service.logprobs)
+        cfg.logprobs = 1  # the chosen token's: genai computes no top-k (service.engine.logprobs)
     if sampling.response_format is not None:
         cfg.structured_output_config = structured_output(sampling.response_format)
     return cfg
@@ -93,7 +93,7 @@ def check_schema(fmt: ResponseFormat) -> None:
     each later step raises "cannot be called when we are already in scheduling phase"), so the schema is compiled
     here first by llguidance, which refuses what it does not implement by name (``not``, ``if``, look-around in a
     pattern, a dangling ``$ref``, an unknown ``type``) where xgrammar ignores some of those keywords."""
-    if fmt.kind != "json_schema":  # a forced tool call's parameters were checked tool by tool (service.tools)
+    if fmt.kind != "json_schema":  # a forced tool call's parameters were checked tool by tool (service.http.tools)
         return
     from llguidance import LLMatcher
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from service.engine.direct import DirectEngine, Running
 from service.engine.direct_pipeline import Answer, DirectPipeline
+from service.engine.errors import APIError
 from service.engine.job import FINISHED, RUNNING, Job
 from service.engine.llama_lm import SEQUENCES, LlamaLM, Sequence
-from service.errors import APIError
 
 log = logging.getLogger("vlfleet.engine")
 

@@ -12,10 +12,10 @@ import threading
 import time
 from collections.abc import Iterator
 
-from service.answer_cache import CachedAnswer
-from service.conversation import Conversation, Sampling
+from service.engine.answer_cache import CachedAnswer
+from service.engine.conversation import Conversation, Sampling
+from service.engine.errors import Overloaded
 from service.engine.events import FINAL, KEEPALIVE, Done, Event, Failed, Started, Token
-from service.errors import Overloaded
 
 QUEUED, RUNNING, FINISHED, ABANDONED = "queued", "running", "finished", "abandoned"
 

@@ -34,8 +34,9 @@ import subprocess
 import threading
 import time
 
-from service.conversation import Conversation, Sampling, Timings
 from service.engine.base import Engine, warmup_conversation
+from service.engine.conversation import Conversation, Sampling, Timings
+from service.engine.errors import APIError, Overloaded
 from service.engine.events import Started, Token
 from service.engine.genai import TOOLS_PARAM, number_bound
 from service.engine.job import FINISHED, RUNNING, Job
@@ -57,9 +58,8 @@ from service.engine.llamacpp_child import (
     died_while_loading,
     server_command,
 )
-from service.errors import APIError, Overloaded
-from service.logprobs import from_llama
-from service.prompt_limits import VISION_WRAP, PromptLimits, VisionGrid
+from service.engine.logprobs import from_llama
+from service.engine.prompt_limits import VISION_WRAP, PromptLimits, VisionGrid
 
 log = logging.getLogger("vlfleet.engine")
 
@@ -117,7 +117,7 @@ class LlamaCppEngine(Engine):
     """Jobs answered one at a time by a llama-server child that the engine starts, watches and restarts."""
 
     constrains_output = True  # llama-server compiles response_format's schema to a grammar (llama_api.request_body)
-    top_logprobs = 20  # llama-server's OpenAI endpoint computes them (service.logprobs.from_llama)
+    top_logprobs = 20  # llama-server's OpenAI endpoint computes them (service.engine.logprobs.from_llama)
     format_limits = "bounds on a non-integer number (its grammar ignores them)"
 
     def check_format(self, fmt) -> None:

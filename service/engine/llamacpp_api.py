@@ -22,9 +22,9 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from service.conversation import Conversation, ResponseFormat, Sampling
+from service.engine.conversation import Conversation, ResponseFormat, Sampling
 from service.engine.genai import CALL_CLOSE, CALL_OPEN
-from service.images import PreparedImage
+from service.engine.images import PreparedImage
 
 STALL_TIMEOUT_S = 600.0  # longest silence from llama-server (a long prefill sends nothing) before we give up
 CALL_TIMEOUT_S = 30.0  # /apply-template, /tokenize, /props
@@ -236,7 +236,7 @@ class ChatStream:
 
     def _call_text(self) -> Iterator[str]:
         """The calls llama-server parsed out of the answer, back as the model's text (Qwen3-VL's <tool_call> blocks),
-        so that every engine's answer is text that service.tools parses the same way (and the cache replays)."""
+        so that every engine's answer is text that service.http.tools parses the same way (and the cache replays)."""
         for i in sorted(self._calls):
             call = self._calls[i]
             yield (f'{chr(10) if i else ""}<tool_call>\n{{"name": {json.dumps(call["name"])}, "arguments": '

@@ -35,7 +35,7 @@ from typing import Any
 
 from service.engine.genai import cpu_flags
 from service.engine.llamacpp_api import Endpoint
-from service.manifest import gguf_parts
+from service.runtime.manifest import gguf_parts
 
 log = logging.getLogger("vlfleet.llamacpp")
 
@@ -96,7 +96,7 @@ class GgufFiles:
     @classmethod
     def of(cls, directory: Path, manifest: Mapping[str, Any]) -> GgufFiles | None:
         """The files of the artifact in ``directory`` with ``manifest``; None when it is not a GGUF artifact
-        (service.manifest.gguf_parts)."""
+        (service.runtime.manifest.gguf_parts)."""
         names = gguf_parts(manifest)
         return None if names is None else cls(**{part: Path(directory) / name for part, name in names.items()})
 

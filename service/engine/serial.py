@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from service.conversation import Sampling, Timings
-from service.detokenize import token_streamer
 from service.engine.base import Engine, warmup_conversation
+from service.engine.conversation import Sampling, Timings
+from service.engine.detokenize import token_streamer
 from service.engine.events import Started, Token
 from service.engine.genai import (
     BOUNDS_LIMIT,
@@ -31,7 +31,7 @@ class SerialEngine(Engine):
 
     constrains_output = True  # genai's StructuredOutputConfig (xgrammar) on the job's GenerationConfig
     # top_logprobs stays None: VLMPipeline's results and streamer carry no per-token logprobs (a whole answer's
-    # score only), so the serial engine refuses logprobs (service.logprobs.refusal).
+    # score only), so the serial engine refuses logprobs (service.engine.logprobs.refusal).
 
     format_limits = BOUNDS_LIMIT
 

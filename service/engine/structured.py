@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from service.conversation import ResponseFormat
+from service.engine.conversation import ResponseFormat
+from service.engine.errors import APIError
 from service.engine.genai import CALL_CLOSE, CALL_OPEN, SCHEMA_PARAM, TOOLS_PARAM, schema_text
-from service.errors import APIError
 
 # One JSON layout: no free whitespace (with a model that rambles, a run of spaces or newlines could fill the whole
 # token budget), the separators json.dumps writes.

@@ -7,7 +7,7 @@ client resending the image and a second conversation about it all skip the encod
 
 Per image (the Qwen2-VL image processor, then the vision tower around the exported models):
 
-1. resize to multiples of patch x merge pixels (service.prompt_limits.VisionGrid, the same rule the prompt limits
+1. resize to multiples of patch x merge pixels (service.engine.prompt_limits.VisionGrid, the same rule the prompt limits
    count with), scale to [-1, 1] with the processor's mean and std, repeat the frame ``temporal_patch_size`` times
    and cut it into flattened patches in merge-block order;
 2. ``vision_embeddings``: patch embedding; plus the learned position embedding bilinearly interpolated to the
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.prompt_limits import VisionGrid
+from service.engine.prompt_limits import VisionGrid
 
 
 @dataclass(frozen=True)

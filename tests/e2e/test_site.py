@@ -205,7 +205,7 @@ def test_release_layout_and_modes(converged, hosts):
         model_dir = re.search(r"^VLFLEET_MODEL_DIR=(.*)$", _sudo(host, f"cat {current}/vlfleet.env"), re.M).group(1)
         writable = _sudo(host, f"find {model_dir} -perm /222 | head -3").strip()
         assert not writable, f"{name}: writable files in the artifact: {writable}"
-        verify = _ssh(host, f"{current}/venv/bin/python -m service.manifest verify --full {model_dir}")
+        verify = _ssh(host, f"{current}/venv/bin/python -m service.runtime.manifest verify --full {model_dir}")
         assert verify.returncode == 0, verify.stdout + verify.stderr
 
 

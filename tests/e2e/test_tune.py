@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ops.preflight.results import Report
-from service.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
+from service.runtime.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
 from tests.e2e.hostcmd import sudo as _sudo
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from openai import OpenAI
 
-from service import manifest as mf
+from service.runtime import manifest as mf
 from tests import servers
 from tests.integration.conftest import image_message, png_bytes
 

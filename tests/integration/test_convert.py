@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ops.model.convert import ConvertParams, convert
-from service import manifest as mf
+from service.runtime import manifest as mf
 from tests.integration.loopback_server import LoopbackServer
 
 REPO = Path(__file__).resolve().parents[2]

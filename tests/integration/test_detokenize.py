@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.detokenize import INCOMPLETE, IncrementalDecoder
+from service.engine.detokenize import INCOMPLETE, IncrementalDecoder
 
 TEXTS = ["Plain ASCII, with punctuation: done.", "Grüße aus Köln — naïve café", "猫が二匹います。",
          "emoji 🐈‍⬛ and 👍🏽 end",

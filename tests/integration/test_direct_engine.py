@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from service.conversation import Conversation, Turn
-from service.images import PreparedImage
+from service.engine.conversation import Conversation, Turn
+from service.engine.images import PreparedImage
 from tests import servers
 from tests.integration.conftest import image_message, png_bytes
 from tests.integration.test_api_clients import _ui_chat

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ops.llamacpp import source
-from service import manifest as mf
+from service.runtime import manifest as mf
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_the_artifact_holds_both_gguf_files_and_a_verifying_manifest(tiny_gguf, 
     for name, entry in manifest["files"].items():
         assert (out / name).read_bytes()[:4] == b"GGUF"
         assert entry == {"size": (out / name).stat().st_size, "sha256": mf.sha256_file(out / name)}
-    report = subprocess.run([sys.executable, "-m", "service.manifest", "verify", str(out), "--full"], cwd=REPO,
+    report = subprocess.run([sys.executable, "-m", "service.runtime.manifest", "verify", str(out), "--full"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stdout
     assert json.loads(report.stdout)["artifact_id"] == manifest["artifact_id"]

@@ -15,8 +15,8 @@ import psutil
 import pytest
 from openai import OpenAI
 
-from service.conversation import Conversation, Turn
-from service.images import PreparedImage
+from service.engine.conversation import Conversation, Turn
+from service.engine.images import PreparedImage
 from tests import servers
 from tests.integration.conftest import image_message, png_bytes, start_engine
 from tests.integration.test_direct_engine import _ask

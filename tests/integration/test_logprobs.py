@@ -20,7 +20,7 @@ import pytest
 import requests
 from openai import BadRequestError, OpenAI
 
-from service.logprobs import TOP_MAX
+from service.engine.logprobs import TOP_MAX
 from tests.integration.conftest import start_engine
 from tests.integration.test_bad_input import chat
 

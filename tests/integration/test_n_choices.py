@@ -1,7 +1,7 @@
 """n choices and stream_options.include_usage on the real service and the tiny model, every engine, the answer cache
 off (every choice is generated: equal greedy choices are not one answer replayed).
 
-A choice is a generation of its own (service.choices): at temperature 0 all are the greedy answer; sampled with a
+A choice is a generation of its own (service.http.choices): at temperature 0 all are the greedy answer; sampled with a
 seed, choice i is the answer a single request with seed + i gets, so the choices differ and each can be reproduced.
 """
 

@@ -24,8 +24,8 @@ import pytest
 from openai import BadRequestError, OpenAI
 from pydantic import BaseModel, Field
 
-from service.conversation import ResponseFormat
 from service.engine import ENGINES, constraining_engines
+from service.engine.conversation import ResponseFormat
 from service.engine.llamacpp import unenforced_keyword
 from tests import servers
 from tests.integration.conftest import chat_text, start_engine

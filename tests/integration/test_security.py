@@ -6,7 +6,7 @@ import pytest
 import requests
 from openai import AuthenticationError, OpenAI
 
-from service.image_source import _domain_allowed
+from service.http.image_source import _domain_allowed
 from tests import servers
 from tests.integration.conftest import image_message
 

@@ -15,11 +15,11 @@ import pytest
 from openai import BadRequestError, OpenAI
 from pydantic import BaseModel, Field
 
-from service import settings as service_settings
-from service.conversation import Conversation, ResponseFormat, Sampling, Turn
+from service.engine.conversation import Conversation, ResponseFormat, Sampling, Turn
+from service.engine.errors import APIError
 from service.engine.events import Done, Keepalive, Started, Token
 from service.engine.genai import SCHEMA_PARAM
-from service.errors import APIError
+from service.runtime import settings as service_settings
 from tests import servers
 from tests.integration.conftest import chat_text
 from tests.integration.test_direct_engine import MODEL, _conversation, _settings

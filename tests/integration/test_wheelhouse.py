@@ -82,11 +82,12 @@ def test_wheelhouse_for_311_installs_offline_into_a_fresh_venv(wheelhouse_311: P
                          text=True, env=OFFLINE_ENV, timeout=900)
     assert res.returncode == 0, res.stderr
     # Outside the checkout, so `service` comes from the installed wheel, not the working tree.
-    check = subprocess.run([str(py), "-c", "import openvino_genai, service, service.manifest; print(service.__file__)"],
+    check = subprocess.run([str(py), "-c", "import openvino_genai, service, service.runtime.manifest; "
+                            "print(service.__file__)"],
                            capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert check.returncode == 0, check.stderr
     assert str(venv) in check.stdout
-    verify = subprocess.run([str(py), "-m", "service.manifest", "verify", str(tiny_model), "--full"],
+    verify = subprocess.run([str(py), "-m", "service.runtime.manifest", "verify", str(tiny_model), "--full"],
                             capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert json.loads(verify.stdout)["runtime"]["ok"] is True  # the wheelhouse's OpenVINO can load it

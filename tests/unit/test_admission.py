@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from service.conversation import Timings
 from service.engine.admission import WaitEstimator
+from service.engine.conversation import Timings
 
 
 def timed(prefill: float, per_token: float, tokens: int) -> Timings:
@@ -99,8 +99,8 @@ def test_a_job_that_has_sent_its_answer_is_no_work_ahead():
     import time
     import types
 
-    from service.conversation import Conversation, Sampling, Turn
     from service.engine.base import Engine
+    from service.engine.conversation import Conversation, Sampling, Turn
     from service.engine.job import FINISHED, RUNNING, Job
 
     est = WaitEstimator()

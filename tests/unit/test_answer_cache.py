@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.answer_cache import ENTRY_OVERHEAD, AnswerCache, CachedAnswer, cache_key
-from service.conversation import Conversation, Sampling, Turn
-from service.images import PreparedImage
+from service.engine.answer_cache import ENTRY_OVERHEAD, AnswerCache, CachedAnswer, cache_key
+from service.engine.conversation import Conversation, Sampling, Turn
+from service.engine.images import PreparedImage
 
 
 def image(value: int) -> PreparedImage:
@@ -39,7 +39,7 @@ def test_a_session_follow_up_is_keyed_by_the_session_it_continues():
 
 
 def test_another_response_format_is_another_answer():
-    from service.conversation import ResponseFormat
+    from service.engine.conversation import ResponseFormat
 
     free = cache_key(conv(), Sampling(16), "m")
     obj = cache_key(conv(), Sampling(16, response_format=ResponseFormat("json_object")), "m")
@@ -50,7 +50,7 @@ def test_another_response_format_is_another_answer():
 
 def test_tools_their_history_and_a_forced_call_are_other_answers():
     """The tools are in the prompt, a call in the history too, and a forced call constrains the answer."""
-    from service.conversation import ResponseFormat
+    from service.engine.conversation import ResponseFormat
 
     ask = Turn("user", "Weather?")
     tools_a = '[{"type":"function","function":{"name":"a"}}]'

@@ -11,12 +11,13 @@ import jsonschema_rs
 import pytest
 from flask import Flask
 
-from service import errors, openai_request
-from service.api_models import ChatCompletionRequest, ChatForm
-from service.conversation import Sampling
-from service.errors import APIError
-from service.openapi import document
-from service.request_errors import api_error
+from service.engine import errors
+from service.engine.conversation import Sampling
+from service.engine.errors import APIError
+from service.http import openai_request
+from service.http.api_models import ChatCompletionRequest, ChatForm
+from service.http.openapi import document
+from service.http.request_errors import api_error
 
 ASK = {"role": "user", "content": "What is it?"}
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}

@@ -65,9 +65,9 @@ def test_in_process_side_asks_what_the_http_side_sends(monkeypatch):
 
 
 def test_in_process_side_gets_the_services_sampling():
-    from service import openai_request
-    from service.conversation import Sampling
-    from service.images import ImageLimits, prepare
+    from service.engine.conversation import Sampling
+    from service.engine.images import ImageLimits, prepare
+    from service.http import openai_request
 
     limits = ImageLimits(10 * 2**20, 40_000_000, 448)
     png = workload.test_image(32, 24, seed=3)

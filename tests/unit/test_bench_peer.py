@@ -15,7 +15,7 @@ from ops.bench import llama_server, workload
 from ops.bench.suite import PeerInputs, Plan, measure_peer
 from ops.host import client
 from ops.llamacpp.gguf import GgufParams, gguf_manifest
-from service import manifest as mf
+from service.runtime import manifest as mf
 
 # A stand-in llama-server: /health, and a streamed chat completion shaped like llama-server's (content deltas, the
 # last one with finish_reason and timings, then a usage chunk with no choices). It records each request's body.

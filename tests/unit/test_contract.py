@@ -1,6 +1,6 @@
-"""What the service and the fleet side agree on (service/contract.py, from service/settings.py): the host program's
-copy of it, the default engine `vlfleet tune` waits for, and VLFLEET_* names nothing reads, refused at service start
-and by the host program's env step."""
+"""What the service and the fleet side agree on (service/runtime/contract.py, from service/runtime/settings.py): the
+host program's copy of it, the default engine `vlfleet tune` waits for, and VLFLEET_* names nothing reads, refused
+at service start and by the host program's env step."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ops.fleet.transport import step_command
 from ops.host import client, envfile, gate, layout, tune
 from ops.host import contract as host_contract
 from ops.host.errors import HostError
-from service import contract, settings
+from service.runtime import contract, settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ def test_set_engine_waits_for_the_release_env_engine_or_the_one_asked(tmp_path, 
 def test_the_host_program_carries_the_contract_as_rendered_from_settings():
     source = (REPO / "ops" / "host" / "contract.py").read_text()
     assert source == contract.host_module(), (
-        "ops/host/contract.py differs from service/contract.py's values: `python -m service.contract > "
+        "ops/host/contract.py differs from service/runtime/contract.py's values: `python -m service.runtime.contract > "
         "ops/host/contract.py`")
     assert (host_contract.ENGINES, host_contract.DEFAULT_ENGINE, host_contract.SETTING_NAMES) == \
         (contract.ENGINES, contract.DEFAULT_ENGINE, contract.HOST_NAMES)
@@ -170,4 +170,4 @@ def test_every_vlfleet_name_in_the_tree_is_one_the_contract_knows():
             continue
         for name in set(re.findall(r"VLFLEET_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace"))) - known:
             undeclared.setdefault(name, str(path.relative_to(REPO)))
-    assert not undeclared, f"undeclared VLFLEET_* names (add them to service/settings.py): {undeclared}"
+    assert not undeclared, f"undeclared VLFLEET_* names (add them to service/runtime/settings.py): {undeclared}"

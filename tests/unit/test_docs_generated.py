@@ -37,7 +37,7 @@ def test_check_mode_reports_drift(tmp_path):
 def test_every_setting_and_role_option_is_documented():
     import yaml
 
-    from service.settings import FIELDS
+    from service.runtime.settings import FIELDS
 
     text = (repo_root() / "docs" / "configuration.md").read_text()
     for f in FIELDS:
@@ -49,7 +49,7 @@ def test_every_setting_and_role_option_is_documented():
 
 
 def test_every_endpoint_is_documented():
-    from service.openapi import document
+    from service.http.openapi import document
 
     text = (repo_root() / "docs" / "api.md").read_text()
     for path, item in document("0").get("paths").items():

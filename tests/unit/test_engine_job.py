@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from service.answer_cache import CachedAnswer
-from service.conversation import Conversation, Sampling, Turn
 from service.engine import KEEPALIVE, Done, Failed, Job, Started, Token
+from service.engine.answer_cache import CachedAnswer
+from service.engine.conversation import Conversation, Sampling, Turn
+from service.engine.errors import Overloaded
 from service.engine.job import replay
-from service.errors import Overloaded
-from service.streaming import JobStream, sse_body
+from service.http.streaming import JobStream, sse_body
 
 CONV = Conversation((Turn("user", "hello"),))
 

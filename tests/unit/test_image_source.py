@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.errors import APIError
-from service.image_source import fetch, load
-from service.images import ImageLimits
+from service.engine.errors import APIError
+from service.engine.images import ImageLimits
+from service.http.image_source import fetch, load
 
 
 @pytest.mark.parametrize("url", ["http://[", "https://[::1", "http://]x["])

@@ -2,7 +2,9 @@
 would break where a module runs fails here first:
 
 - the service (service/) runs without the controller's code: it never imports ops/;
-- the engines never import the HTTP layer (requests reach them as Jobs);
+- the service's layers point one way: service.http -> service.engine -> service.runtime; the engines never import
+  the HTTP layer (requests reach them as Jobs), the runtime (settings, manifest, memory guard, metrics, logs)
+  imports neither;
 - the host program (ops/host/) imports nothing but the standard library and itself: it runs as one archive with a
   host's python3;
 - the other programs that run on their own import the standard library only (the settings and contract, which the
@@ -19,9 +21,8 @@ import sys
 
 from tests.unit.test_import_cycles import ROOT, import_graph
 
-HTTP = ("service.app", "service.webui", "service.openapi", "service.health", "service.sse", "service.streaming",
-        "service.auth", "service.api_")
-STANDALONE = {"service/settings.py": set(), "service/contract.py": {"service"},
+HTTP = ("service.http",)
+STANDALONE = {"service/runtime/settings.py": set(), "service/runtime/contract.py": {"service"},
               "service/engine/llama_worker.py": {"numpy"}}
 
 
@@ -40,6 +41,12 @@ def test_the_host_side_never_imports_the_controller():
     found = {m: {t for t in targets if t == "ops" or t.startswith("ops.")}
              for m, targets in import_graph().items() if m.startswith("service")}
     assert not {m: t for m, t in found.items() if t}, found
+
+
+def test_the_runtime_imports_neither_the_engines_nor_the_http_layer():
+    found = {m: sorted(t for t in targets if t.startswith(("service.engine", "service.http")))
+             for m, targets in import_graph().items() if m.startswith("service.runtime")}
+    assert len(found) > 5 and not {m: t for m, t in found.items() if t}, found
 
 
 def test_the_engines_never_import_the_http_layer():

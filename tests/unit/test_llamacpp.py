@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ops.llamacpp import build, gguf, hf_to_gguf, source
-from service import manifest as mf
+from service.runtime import manifest as mf
 
 CPU_A = {"cpu": "AMD EPYC", "isa": ["avx2", "fma", "avx512f"], "cpus": 2}
 CPU_B = {"cpu": "AMD EPYC", "isa": ["avx2", "fma"], "cpus": 2}

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.conversation import Conversation, Sampling, Turn
 from service.engine import LlamaCppEngine, make_engine
+from service.engine.conversation import Conversation, Sampling, Turn
+from service.engine.images import PreparedImage
 from service.engine.llamacpp import LLAMA_GRID, LlamaPromptLimits
 from service.engine.llamacpp_api import Endpoint, messages, request_body
 from service.engine.llamacpp_child import ChildError, LlamaServerChild, context_size, server_command
-from service.images import PreparedImage
-from service.prompt_limits import VisionGrid
-from service.settings import load
+from service.engine.prompt_limits import VisionGrid
+from service.runtime.settings import load
 
 
 def image(width: int = 48, height: int = 32, seed: int = 0) -> PreparedImage:
@@ -240,7 +240,7 @@ def readyz(engine) -> tuple[dict, int]:
 
     from flask import Flask
 
-    from service.health import bp
+    from service.http.health import bp
 
     app = Flask("t")
     app.register_blueprint(bp)

@@ -16,7 +16,7 @@ from ops import wheelhouse
 from ops.llamacpp import wheel
 from ops.llamacpp.build import PORTABLE_FLAGS, Build, BuildConfig
 from service.engine.llamacpp_child import ChildError, check_isa, child_env, server_binary
-from service.settings import load
+from service.runtime.settings import load
 
 ISA = ["avx2", "avx512f"]
 # What readelf would say: the server needs the impl library, which needs ggml; ggml needs libc (on every host) and

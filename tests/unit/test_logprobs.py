@@ -1,5 +1,5 @@
-"""service.logprobs and service.choices without a model: token bytes, log-softmax entries, llama-server's shape,
-the engines' refusals, seeds per choice, usage over choices, and answers with logprobs never cached."""
+"""service.engine.logprobs and service.http.choices without a model: token bytes, log-softmax entries, llama-server's
+shape, the engines' refusals, seeds per choice, usage over choices, and answers with logprobs never cached."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import math
 import numpy as np
 import pytest
 
-from service.answer_cache import cache_key
-from service.choices import sampling_of, usage
-from service.conversation import Conversation, Sampling, Timings, Turn
 from service.engine import ENGINES, logprob_engines
-from service.errors import APIError
-from service.logprobs import TokenBytes, from_llama, from_logits
-from service.openai_request import require_logprobs
+from service.engine.answer_cache import cache_key
+from service.engine.conversation import Conversation, Sampling, Timings, Turn
+from service.engine.errors import APIError
+from service.engine.logprobs import TokenBytes, from_llama, from_logits
+from service.http.choices import sampling_of, usage
+from service.http.openai_request import require_logprobs
 
 
 @pytest.fixture

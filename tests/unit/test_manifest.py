@@ -1,4 +1,4 @@
-"""service.manifest: content ids, verify (full and cheap), check_startup messages, the CLI."""
+"""service.runtime.manifest: content ids, verify (full and cheap), check_startup messages, the CLI."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service import manifest as mf
+from service.runtime import manifest as mf
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,7 +160,7 @@ def test_version_comparison(found: str, required: str, ok: bool) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service.manifest", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "service.runtime.manifest", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=60)
 
 
@@ -184,7 +184,7 @@ def test_cli_reports_a_directory_without_manifest(tmp_path: Path) -> None:
 
 def test_manifest_module_is_stdlib_only_and_py310_safe() -> None:
     # Hosts run it from the wheelhouse venv on Python 3.10 before anything else is trusted.
-    source = (REPO / "service" / "manifest.py").read_text()
+    source = (REPO / "service" / "runtime" / "manifest.py").read_text()
     imports = {line.split()[1].split(".")[0] for line in source.splitlines()
                if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
     assert imports <= set(sys.stdlib_module_names), imports - set(sys.stdlib_module_names)

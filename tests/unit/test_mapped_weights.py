@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mmap
 
-from service.mapped_weights import read_only_mappings, release
+from service.runtime.mapped_weights import read_only_mappings, release
 
 
 def test_release_drops_pages_and_data_still_reads(tmp_path):

@@ -1,5 +1,5 @@
-"""The Grafana dashboard and the alert rules read only metrics the service declares (service/metrics.py), and the
-dashboard is well-formed. tests/integration/test_monitoring_live.py checks the same against a live scrape."""
+"""The Grafana dashboard and the alert rules read only metrics the service declares (service/runtime/metrics.py), and
+the dashboard is well-formed. tests/integration/test_monitoring_live.py checks the same against a live scrape."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from ops.monitoring import DASHBOARD, promql
-from service.metrics import Metrics
+from service.runtime.metrics import Metrics
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_every_query_reads_declared_metrics(source, declared):
     assert exprs
     missing = {where: sorted(promql.metric_names(e) - declared) for where, e in exprs.items()
                if promql.metric_names(e) - declared}
-    assert not missing, f"queries use metrics service/metrics.py does not declare: {missing}"
+    assert not missing, f"queries use metrics service/runtime/metrics.py does not declare: {missing}"
 
 
 def test_every_declared_family_is_on_the_dashboard():

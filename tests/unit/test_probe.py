@@ -15,7 +15,7 @@ import pytest
 
 from ops.fleet import host_program
 from ops.report import parse_facts
-from service import contract
+from service.runtime import contract
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 

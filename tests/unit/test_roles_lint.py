@@ -102,7 +102,7 @@ def test_unit_carries_the_contract():
 
 
 def test_unit_reads_the_tuned_engine_after_the_releases_env_file_and_optionally():
-    from service.contract import ENGINE_ENV_FILE
+    from service.runtime.contract import ENGINE_ENV_FILE
 
     files = [line for line in _render("vlfleet.service.j2", **UNIT_VARS).splitlines()
              if line.startswith("EnvironmentFile=")]

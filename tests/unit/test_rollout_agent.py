@@ -325,7 +325,7 @@ def test_wait_ready_stops_at_once_when_the_model_failed_to_load(monkeypatch):
 
 
 def test_wait_ready_stops_at_once_when_the_engine_gave_up(monkeypatch):
-    """/readyz "failed": true (service/health.py): the engine will not turn ready, whatever its reason says (a
+    """/readyz "failed": true (service/http/health.py): the engine will not turn ready, whatever its reason says (a
     llama-server that died while loading on a restart, or did not come back)."""
     reason = "llama-server died while loading (SIGSEGV): ...; not tried again: restart the service"
     polls = []

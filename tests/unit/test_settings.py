@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.settings import FIELDS, SettingsError, load
+from service.runtime.settings import FIELDS, SettingsError, load
 
 
 def test_defaults_are_safe():
@@ -92,7 +92,7 @@ def test_language_model_precision_follows_the_cpu(setting, precision, flags, exp
 ])
 def test_language_model_properties(env, language_model, monkeypatch):
     from service.engine import genai
-    from service.settings import load
+    from service.runtime.settings import load
 
     monkeypatch.setattr(genai, "cpu_flags", lambda: AVX2)
     props = genai.pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", **env}))
@@ -108,7 +108,7 @@ def test_language_model_properties(env, language_model, monkeypatch):
 ])
 def test_dynamic_quantisation_group_follows_the_cpu(setting, flags, expected, monkeypatch):
     from service.engine import genai
-    from service.settings import load
+    from service.runtime.settings import load
 
     monkeypatch.setattr(genai, "cpu_flags", lambda: flags)
     props = genai.pipeline_properties(load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_DQ_GROUP_SIZE": setting}))
@@ -116,7 +116,7 @@ def test_dynamic_quantisation_group_follows_the_cpu(setting, flags, expected, mo
 
 
 def test_kv_precision_refuses_what_the_plugin_does_not_take():
-    from service.settings import SettingsError, load
+    from service.runtime.settings import SettingsError, load
 
     with pytest.raises(SettingsError, match="VLFLEET_KV_PRECISION"):
         load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_KV_PRECISION": "int4"})

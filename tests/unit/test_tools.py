@@ -1,5 +1,5 @@
-"""service.tools without a model: a forced call's schema and grammar, and the answer's text as tool_calls, whole and
-streamed in any chunking."""
+"""service.http.tools without a model: a forced call's schema and grammar, and the answer's text as tool_calls, whole
+and streamed in any chunking."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from service import tools
-from service.conversation import ResponseFormat
-from service.errors import APIError
+from service.engine.conversation import ResponseFormat
+from service.engine.errors import APIError
+from service.http import tools
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Lima"]}}, "required": ["city"]}
 ANSWER = ('Let me look.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'

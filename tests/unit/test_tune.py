@@ -16,7 +16,7 @@ from ops.fleet.status import status_table
 from ops.host import layout, system, tune
 from ops.host.errors import HostError
 from ops.report import page
-from service import contract, settings
+from service.runtime import contract, settings
 
 MiB = 1024 * 1024
 NO_SERVER = {"env": {}, "llama_server": {"path": "", "exists": False}}

@@ -3,7 +3,7 @@
 - host_program: the path of the host program's archive on the controller (ops/fleet/host_program.py builds it
   when its sources changed), which the roles run with ansible.builtin.script;
 - templates: the repository's templates/ folder (the one home of the roles' templates);
-- a name of service/contract.py's FILES (ENGINE_ENV_FILE, TUNED_FILE, CPU_PLAN_FILE, MODEL_CACHE_DIR,
+- a name of service/runtime/contract.py's FILES (ENGINE_ENV_FILE, TUNED_FILE, CPU_PLAN_FILE, MODEL_CACHE_DIR,
   HOST_PROGRAM_DIR) or DEFAULT_ENGINE: its value.
 """
 
@@ -21,7 +21,7 @@ short_description: values the vlfleet roles take from the project (host program,
 description: See the module docstring of ops/ansible_plugins/lookup/vlfleet.py.
 options:
   _terms:
-    description: host_program, templates, or a name of service/contract.py's FILES or DEFAULT_ENGINE
+    description: host_program, templates, or a name of service/runtime/contract.py's FILES or DEFAULT_ENGINE
     required: true
 """
 
@@ -33,7 +33,7 @@ class LookupModule(LookupBase):
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         from ops.fleet import host_program
-        from service import contract
+        from service.runtime import contract
 
         values = []
         for term in terms:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from service.conversation import Timings
 from service.engine import KEEPALIVE, Done, Event, Failed, Job, Started, Token
-from service.errors import APIError
-from service.routing import reuse_headers
+from service.engine.conversation import Timings
+from service.engine.errors import APIError
+from service.engine.routing import reuse_headers
 
 
 class JobStream:
@@ -31,7 +31,7 @@ class JobStream:
     def wait_started(self) -> dict[str, str]:
         """Block until the job starts; raise its error (503 queue timeout, ...) if it fails instead.
 
-        Returns response headers that describe the start: what the host reused (service.routing).
+        Returns response headers that describe the start: what the host reused (service.engine.routing).
         """
         for event in self._events:
             if event is KEEPALIVE:

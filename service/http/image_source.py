@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from service.errors import APIError
-from service.images import ImageLimits, PreparedImage, decode_data_url, prepare
+from service.engine.errors import APIError
+from service.engine.images import ImageLimits, PreparedImage, decode_data_url, prepare
 
 FETCH_TIMEOUT_S = 5.0
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from flask import Flask, g, request
 
-from service import auth, errors, image_source, routing
-from service.engine import Engine, make_engine
-from service.images import ImageLimits
-from service.memory_guard import MemoryGuard, cgroup_memory_high
-from service.metrics import Metrics
-from service.settings import Settings
+from service.engine import Engine, errors, make_engine, routing
+from service.engine.images import ImageLimits
+from service.http import auth, image_source
+from service.runtime.memory_guard import MemoryGuard, cgroup_memory_high
+from service.runtime.metrics import Metrics
+from service.runtime.settings import Settings
 
 log = logging.getLogger("vlfleet.http")
 
@@ -37,7 +37,7 @@ class State:
 
 def create_app(settings: Settings, pipeline_factory=None, start_engine: bool = True) -> Flask:
     """Build the app for ``settings``. ``pipeline_factory`` lets tests inject a pipeline that fails on purpose."""
-    from service import api_openai, health, openapi, webui
+    from service.http import api_openai, health, openapi, webui
 
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes

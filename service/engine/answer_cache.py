@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from service.conversation import Conversation, Sampling, Timings
+from service.engine.conversation import Conversation, Sampling, Timings
 
 ENTRY_OVERHEAD = 512  # bytes per entry beyond its text: key, lists, dataclass
 

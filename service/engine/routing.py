@@ -13,7 +13,7 @@ import math
 import socket
 from typing import TYPE_CHECKING
 
-from service.errors import APIError
+from service.engine.errors import APIError
 
 if TYPE_CHECKING:  # the engine imports this module for HOST
     from service.engine.events import Started

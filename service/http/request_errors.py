@@ -1,7 +1,7 @@
 """A pydantic ValidationError as OpenAI's error body: the field's path in the client's JSON and what to send instead.
 
 One error is reported, the first a client would fix: an unknown field (often a typo of a known one), else the first
-in field order. Refusals of service.api_types carry their own code and fix; pydantic's own error types are phrased
+in field order. Refusals of service.http.api_types carry their own code and fix; pydantic's own error types are phrased
 here.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.api_types import CODES
-from service.errors import APIError
+from service.engine.errors import APIError
+from service.http.api_types import CODES
 
 # pydantic's error type -> (code, fix); {names} come from the error's context.
 PHRASES = {

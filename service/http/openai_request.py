@@ -1,6 +1,6 @@
 """An OpenAI chat-completions request body as the engine's Conversation and Sampling.
 
-The body's shape is service.api_models.ChatCompletionRequest (the same model /openapi.json documents). What depends
+The body's shape is service.http.api_models.ChatCompletionRequest (the same model /openapi.json documents). What depends
 on this server is checked here, after it: the model's name, the number of images and the images themselves.
 Every refusal is an APIError naming the field (``param``) and the fix.
 """
@@ -14,13 +14,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service import tools as tool_calls
-from service.api_models import ChatCompletionRequest, ChatForm, JSONObjectFormat, JSONSchemaFormat, images, text
-from service.conversation import Conversation, ResponseFormat, Sampling, Turn
 from service.engine import constraining_engines, logprob_engines
-from service.errors import APIError
-from service.images import PreparedImage
-from service.request_errors import api_error
+from service.engine.conversation import Conversation, ResponseFormat, Sampling, Turn
+from service.engine.errors import APIError
+from service.engine.images import PreparedImage
+from service.http import tools as tool_calls
+from service.http.api_models import ChatCompletionRequest, ChatForm, JSONObjectFormat, JSONSchemaFormat, images, text
+from service.http.request_errors import api_error
 
 # Real OpenAI fields we do not implement; each would change the answer, so it is refused with this reason
 # (null, false and empty values mean "not used" and pass).
@@ -41,8 +41,8 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     model: str
-    n: int = 1  # choices: one job each (service.choices)
-    tool_calls: bool = False  # the answer's <tool_call> blocks are parsed into tool_calls (service.tools)
+    n: int = 1  # choices: one job each (service.http.choices)
+    tool_calls: bool = False  # the answer's <tool_call> blocks are parsed into tool_calls (service.http.tools)
 
 
 def parse(body: Any, model_name: str, max_tokens_cap: int, max_images: int,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from service.errors import APIError
+from service.engine.errors import APIError
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 MAX_ASPECT = 200  # Qwen-VL's image processor refuses more elongated images

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from service.conversation import Conversation, Turn, content_key
+from service.engine.conversation import Conversation, Turn, content_key
 
 
 class SessionStore:

@@ -7,14 +7,14 @@ import json
 from flask import Blueprint, Response, current_app, g, request, send_from_directory
 from pydantic import ValidationError
 
-from service import openai_request, routing, sse
-from service.api_models import ChatForm
-from service.conversation import Conversation, Sampling, Turn
-from service.engine import Done, Event, Failed, Started, Token
-from service.errors import APIError
-from service.images import prepare
-from service.request_errors import api_error
-from service.streaming import JobStream, sse_body
+from service.engine import Done, Event, Failed, Started, Token, routing
+from service.engine.conversation import Conversation, Sampling, Turn
+from service.engine.errors import APIError
+from service.engine.images import prepare
+from service.http import openai_request, sse
+from service.http.api_models import ChatForm
+from service.http.request_errors import api_error
+from service.http.streaming import JobStream, sse_body
 
 bp = Blueprint("webui", __name__)
 

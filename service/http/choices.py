@@ -16,9 +16,9 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 
-from service.conversation import Sampling, Timings
 from service.engine import Done, Event, Job
-from service.streaming import JobStream, sse_body
+from service.engine.conversation import Sampling, Timings
+from service.http.streaming import JobStream, sse_body
 
 SEED_SPACE = 2**63  # the API's seed bound
 

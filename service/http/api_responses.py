@@ -53,7 +53,7 @@ class ChoiceLogprobs(Answer):
     refusal: None = None
 
 
-LOGPROBS = "with logprobs: true only (service.logprobs)"
+LOGPROBS = "with logprobs: true only (service.engine.logprobs)"
 
 
 class Choice(Answer):

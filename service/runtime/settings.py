@@ -4,7 +4,7 @@ Each setting is declared once in ``FIELDS`` (name, type, default, help); the doc
 reference is generated from that table. A bad value stops the process with a message that names
 the variable and what it accepts; so does a VLFLEET_* name nothing reads (a misspelt setting would
 otherwise be ignored), with the nearest valid name. What the fleet side needs from here (the engine
-names, the default engine, the names a host reads) it reads through ``service.contract``.
+names, the default engine, the names a host reads) it reads through ``service.runtime.contract``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The controller writes the manifest after a convert (``ops.model.convert``); host
 - ``check_startup(dir, runtime_version)`` (cheap: manifest, file presence and sizes, runtime version) when the
   service starts, raising ``ArtifactError`` that names the failed check and the fix;
 - ``verify(dir, full=True)`` (sha256 of every file) from the checklist and the model_artifact role, also as
-  ``python -m service.manifest verify DIR [--full]``, which prints a JSON report and exits 1 on problems.
+  ``python -m service.runtime.manifest verify DIR [--full]``, which prints a JSON report and exits 1 on problems.
 
 The artifact id is derived from the files' names, sizes and sha256 only, so the same content always has the
 same id wherever and whenever it was built, and any change of content changes it.
@@ -306,7 +306,7 @@ def _names(names: list[str], limit: int = 5) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service.manifest",
+    parser = argparse.ArgumentParser(prog="python -m service.runtime.manifest",
                                      description="Check a model artifact against its manifest.json.")
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("verify", help="report missing, extra and modified files as JSON; exit 1 on problems")

@@ -1,6 +1,6 @@
 """The HTTP API's tool-calling shapes (OpenAI function tools): the request's ``tools`` and ``tool_choice``, an
-assistant message's ``tool_calls`` and a ``role: "tool"`` message. service.api_models puts them in the request;
-service.tools renders them into the prompt, constrains and parses the answer."""
+assistant message's ``tool_calls`` and a ``role: "tool"`` message. service.http.api_models puts them in the request;
+service.http.tools renders them into the prompt, constrains and parses the answer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from service.api_types import Shape, Text, matching, str_or_list
+from service.http.api_types import Shape, Text, matching, str_or_list
 
 FunctionName = matching(r"^[A-Za-z0-9_-]{1,64}$", "invalid_value", "must be 1 to 64 letters, digits, '_' or '-'",
                         description="the function's name")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from pathlib import Path
 
-from service.errors import APIError
+from service.engine.errors import APIError
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 

@@ -1,9 +1,9 @@
 """The HTTP API's requests, declared once: these models validate every request and generate /openapi.json.
 
-Rules JSON Schema can state live on the types (service.api_types and below): a user's text is not blank, a
+Rules JSON Schema can state live on the types (service.http.api_types and below): a user's text is not blank, a
 system message comes first only, stream_options need stream. The one it cannot (the last message is the user's) is
 the validator ``_conversation``. Image bytes, the model's name and the image count depend on the server, so
-service.openai_request checks those after these models.
+service.http.openai_request checks those after these models.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Json, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from service.api_tools import Tool, ToolCall, ToolChoice, ToolMessage
-from service.api_types import Shape, Text, integer, leave_out, matching, only, prompt, refuse, str_or_list
+from service.http.api_tools import Tool, ToolCall, ToolChoice, ToolMessage
+from service.http.api_types import Shape, Text, integer, leave_out, matching, only, prompt, refuse, str_or_list
 
 CONTENT = "must be a string or a non-empty list of content parts"
 # A user message asks something: its text is not blank (so no message is empty: a list holds a part at least).
@@ -132,7 +132,7 @@ Messages = Annotated[list[Annotated[AnyMessage, Field(discriminator="role")]],
 Count = integer(ge=1, le=2**31)
 NonEmpty = Annotated[str, Field(min_length=1)]
 Penalty = only(float, 0, "is not supported; leave it out or set 0")
-MAX_CHOICES = 8  # n: each choice is a generation of its own (service.choices), so a request asks for a few at most
+MAX_CHOICES = 8  # n: each choice is a generation of its own (service.http.choices), so a request asks for a few at most
 
 
 class StreamOptions(Shape):

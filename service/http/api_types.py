@@ -1,6 +1,6 @@
 """Building blocks of the API's pydantic models: each states a rule once, to JSON Schema and to validation alike.
 
-Refusals raise ``PydanticCustomError(code, fix)``; service.request_errors turns them into OpenAI's error shape with
+Refusals raise ``PydanticCustomError(code, fix)``; service.http.request_errors turns them into OpenAI's error shape with
 the field's path in front of ``fix``.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from service.conversation import RESERVED_TAG_PATTERN, reserved_tag
+from service.engine.conversation import RESERVED_TAG_PATTERN, reserved_tag
 
 # The codes refusals below use; any other error type is pydantic's own (request_errors phrases those).
 CODES = frozenset({"invalid_type", "invalid_value", "unsupported_parameter", "empty_prompt", "reserved_tag",

@@ -6,10 +6,10 @@ import time
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from service import choices, logprobs, openai_request, routing, sse, tools
-from service.engine import Done, Event, Failed, Started, Token
-from service.errors import APIError
-from service.streaming import JobStream
+from service.engine import Done, Event, Failed, Started, Token, logprobs, routing
+from service.engine.errors import APIError
+from service.http import choices, openai_request, sse, tools
+from service.http.streaming import JobStream
 
 bp = Blueprint("openai", __name__)
 
@@ -100,7 +100,7 @@ def _answer(done: Done, parse_calls: bool) -> dict:
 
 
 def _events(chunk, deltas: list[dict], index: int) -> str:
-    """SSE text of the deltas service.tools.ToolStream made of a piece (none while it holds text back)."""
+    """SSE text of the deltas service.http.tools.ToolStream made of a piece (none while it holds text back)."""
     return "".join(sse.event(chunk(delta, index=index)) for delta in deltas)
 
 

@@ -19,9 +19,9 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from service.api_tools import NamedToolChoice
-from service.conversation import ResponseFormat
-from service.errors import APIError
+from service.engine.conversation import ResponseFormat
+from service.engine.errors import APIError
+from service.http.api_tools import NamedToolChoice
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)

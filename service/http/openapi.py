@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of every endpoint, served at GET /openapi.json and rendered to docs/api.md.
 
-Its schemas are generated from the models that validate requests (service.api_models) and describe answers
-(service.api_responses), so the document says what the server does; only the paths are written here.
+Its schemas are generated from the models that validate requests (service.http.api_models) and describe answers
+(service.http.api_responses), so the document says what the server does; only the paths are written here.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
-from service import api_models, api_responses, settings
+from service.http import api_models, api_responses
+from service.runtime import settings
 
 bp = Blueprint("openapi", __name__)
 
@@ -17,7 +18,7 @@ REF = "#/components/schemas/{model}"
 MODELS = (api_models.ChatCompletionRequest, api_models.ChatForm, api_responses.ChatCompletion,
           api_responses.ChatCompletionChunk, api_responses.ChatStatus, api_responses.ChatToken, api_responses.ChatDone,
           api_responses.ModelList, api_responses.Liveness, api_responses.Readiness, api_responses.Error)
-# Image formats the service decodes (service.images.FORMATS) as multipart media types.
+# Image formats the service decodes (service.engine.images.FORMATS) as multipart media types.
 IMAGE_TYPES = "image/png, image/jpeg, image/webp, image/gif, image/bmp"
 DESCRIPTION = (
     "Qwen3-VL on OpenVINO GenAI: OpenAI-compatible chat completions with images, streamed over Server-Sent Events. "

@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from service.images import PreparedImage
+from service.engine.images import PreparedImage
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -28,7 +28,8 @@ class Turn:
     role: str
     text: str
     images: tuple[PreparedImage, ...] = ()
-    tool_calls: str | None = None  # an assistant turn's calls as compact JSON text (service.tools), for the template
+    # an assistant turn's calls as compact JSON text (service.http.tools), for the template
+    tool_calls: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class ResponseFormat:
     """What the answer must be, enforced while it is generated (not checked afterwards): any JSON object
     (``json_object``), or JSON valid against ``schema`` (``json_schema``)."""
 
-    kind: str  # "json_object" | "json_schema" | "tool_call" (service.tools: <tool_call>{name, arguments}</tool_call>)
+    # "json_object" | "json_schema" | "tool_call" (service.http.tools: <tool_call>{name, arguments}</tool_call>)
+    kind: str
     schema: str | None = None  # the JSON Schema as compact JSON text in the client's key order (the order the
     # answer's properties come out in, so two orders are two answers), hashable
 
@@ -55,7 +57,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: fixed output length from a model whose answers are noise
     response_format: ResponseFormat | None = None  # None: free text
-    logprobs: bool = False  # each token's logprob on its Token event (service.logprobs)
+    logprobs: bool = False  # each token's logprob on its Token event (service.engine.logprobs)
     top_logprobs: int = 0  # and this many most likely tokens at its step
 
     @property

@@ -19,8 +19,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.conversation import RESERVED_TAG_PATTERN, Conversation
-from service.errors import APIError
+from service.engine.conversation import RESERVED_TAG_PATTERN, Conversation
+from service.engine.errors import APIError
 
 IMAGE_TAG = re.compile(RESERVED_TAG_PATTERN)  # the tags render_prompt puts in; client text may hold none
 VISION_WRAP = 2  # <|vision_start|> ... <|vision_end|> around each image's tokens

@@ -31,7 +31,7 @@ class APIError(Exception):
 
 class Overloaded(APIError):
     """A refusal for load: come back after ``retry_after`` s. ``reason`` labels it in the refusal counter (default:
-    the status); the service counts it when it answers (service.app)."""
+    the status); the service counts it when it answers (service.http.app)."""
 
     def __init__(self, message: str, status: int, retry_after: int, reason: str | None = None):
         super().__init__(message, status, code="overloaded", headers={"Retry-After": str(retry_after)})
