@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.bench.report import table
+from ops.bench.bench_md import table
 from ops.bench.targets import dig
 from ops.bench.tuning_page import cpu_class, load_runs
 

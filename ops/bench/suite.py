@@ -37,8 +37,8 @@ from ops.bench import (
     targets,
     workload,
 )
+from ops.bench.bench_md import render
 from ops.bench.charts import suite_charts
-from ops.bench.report import render
 from ops.bench.server import Server, model_size
 from service.engine.prompt_limits import VisionGrid
 

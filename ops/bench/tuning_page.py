@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ops.bench.report import gb, num, table
+from ops.bench.bench_md import gb, num, table
 from ops.bench.stats import TOLERANCE, lever_defaults, ratio
 from ops.bench.targets import dig
 

@@ -11,7 +11,7 @@ rolling restart and status.
   load          a bounded client loop through the load balancer during a change (rollout e2e, staging.scale)
 """
 
-from ops.fleet.batches import HostResult, Outcome, Report, RolloutError, describe_error, format_table, run_batches
+from ops.fleet.batches import BatchRun, HostResult, Outcome, RolloutError, describe_error, format_table, run_batches
 from ops.fleet.inventory import FleetError, Host, Inventory, load_inventory, parse_inventory_json
 from ops.fleet.release import Release, env_changes, parse_env, stage_release
 from ops.fleet.rollout import restart, rollback, rollout
@@ -19,6 +19,7 @@ from ops.fleet.status import status, status_table
 from ops.fleet.transport import Fleet, StepError, Timeouts, parse_step_output, step_args, step_name
 
 __all__ = [
+    "BatchRun",
     "Fleet",
     "FleetError",
     "Host",
@@ -26,7 +27,6 @@ __all__ = [
     "Inventory",
     "Outcome",
     "Release",
-    "Report",
     "RolloutError",
     "StepError",
     "Timeouts",

@@ -46,7 +46,7 @@ class HostResult:
 
 
 @dataclass
-class Report:
+class BatchRun:
     action: str
     target: str
     results: list[HostResult] = field(default_factory=list)
@@ -169,13 +169,13 @@ def run_batches(
     max_fail: str | int = 0,
     parallel: int = 4,
     echo: Callable[[str], None] | None = print,
-) -> Report:
+) -> BatchRun:
     """Run ``step`` for every host, batch after batch, and stop when failures exceed ``max_fail``."""
     if parallel < 1:
         raise RolloutError("--parallel must be at least 1")
     batches = plan_batches(hosts, batch)
     allowed = max_failures(max_fail, len(hosts))
-    report = Report(action, target, batches=batches)
+    report = BatchRun(action, target, batches=batches)
     started = time.monotonic()
     say = echo or (lambda _line: None)
 

@@ -1,5 +1,5 @@
 """A release to roll out (id, wheelhouse, artifact, env changes), and staging it on a host beside the running one
-(the host agent's stage step: the venv, and the env file, which the agent writes: the release's changes on top of
+(the host program's stage step: the venv, and the env file, which the agent writes: the release's changes on top of
 the env file of the release the host runs)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Release:
         bad = [k for k in self.env if not k.startswith("VLFLEET_")]
         if bad:
             raise FleetError(f"--env: only VLFLEET_* settings belong in a release's env file, not {', '.join(bad)}")
-        unknown = unknown_names(self.env, HOST_NAMES)  # the host agent's env step would refuse them on every host
+        unknown = unknown_names(self.env, HOST_NAMES)  # the host program's env step would refuse them on every host
         if unknown:
             raise FleetError(f"--env: {'; '.join(unknown)} (docs/configuration.md lists every setting)")
 

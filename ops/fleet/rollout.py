@@ -11,13 +11,13 @@ Batching, parallelism and the --max-fail stop are ops/fleet/batches.py's; the pe
 
 from __future__ import annotations
 
-from ops.fleet.batches import HostResult, Outcome, Report, describe_error, run_batches
+from ops.fleet.batches import BatchRun, HostResult, Outcome, describe_error, run_batches
 from ops.fleet.release import Release, stage_release
 from ops.fleet.transport import Fleet, StepError
 
 
 def rollout(fleet: Fleet, release: Release, *, batch: str = "1,25%,50%", max_fail: str | int = 0,
-            parallel: int = 4, keep: int = 3) -> Report:
+            parallel: int = 4, keep: int = 3) -> BatchRun:
     def step(name: str) -> HostResult:
         try:
             info = fleet.describe(name)
@@ -49,7 +49,7 @@ def rollout(fleet: Fleet, release: Release, *, batch: str = "1,25%,50%", max_fai
 
 
 def rollback(fleet: Fleet, to: str | None = None, *, batch: str = "1,25%,50%", max_fail: str | int = 0,
-             parallel: int = 4) -> Report:
+             parallel: int = 4) -> BatchRun:
     def step(name: str) -> HostResult:
         try:
             info = fleet.describe(name)
@@ -70,7 +70,7 @@ def rollback(fleet: Fleet, to: str | None = None, *, batch: str = "1,25%,50%", m
                        max_fail=max_fail, parallel=parallel, echo=fleet.echo)
 
 
-def restart(fleet: Fleet, *, batch: str = "1", max_fail: str | int = 0, parallel: int = 4) -> Report:
+def restart(fleet: Fleet, *, batch: str = "1", max_fail: str | int = 0, parallel: int = 4) -> BatchRun:
     def step(name: str) -> HostResult:
         return fleet.swap_in(name, None, None)
 

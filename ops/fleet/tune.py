@@ -114,7 +114,7 @@ def plan(engines: Sequence[str] | None, pin: str | None, info: dict, clients: in
 
 
 def _llamacpp_missing(server: dict) -> str | None:
-    """Why the llamacpp engine cannot run on the host (host agent's llama_server()), or None."""
+    """Why the llamacpp engine cannot run on the host (host program's llama_server()), or None."""
     ship = "ship both with `vlfleet site --gguf DIR`"
     if not server.get("path"):
         return f"no llama-server on the host (none in the release's venv, no VLFLEET_LLAMACPP_SERVER): {ship}"

@@ -3,7 +3,7 @@
 Loaded by ops/preflight/conftest.py, so plain ``pytest --hosts=... ops/preflight/test_checklist.py`` gets it.
 pytest's own view is kept truthful for a pytest user: an error-severity failure is a failed test; a warning or a
 waived failure shows as xfail (``x``) with the reason; n/a and blocked show as skips with the reason. The
-exit status follows the checklist's rule (results.Report.exit_code), not pytest's.
+exit status follows the checklist's rule (results.ChecklistRun.exit_code), not pytest's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ops.preflight import registry, waivers
-from ops.preflight.results import BLOCKED, FAIL, NA, PASS, WAIVED, Report, Result, render_table
+from ops.preflight.results import BLOCKED, FAIL, NA, PASS, WAIVED, ChecklistRun, Result, render_table
 
 NA_PREFIX = "not applicable: "
 BLOCKED_PREFIX = "blocked: "
@@ -118,8 +118,8 @@ class PreflightPlugin:
         self.results[(host, cid)] = result
 
     # -- reporting ----------------------------------------------------------------------------------------
-    def report(self) -> Report:
-        return Report(list(self.results.values()), list(self.hosts), self.waivers.errors(),
+    def report(self) -> ChecklistRun:
+        return ChecklistRun(list(self.results.values()), list(self.hosts), self.waivers.errors(),
                       waivers=self.waivers.to_json(), duration_s=time.monotonic() - self.started)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config: pytest.Config) -> None:

@@ -54,7 +54,7 @@ class Result:
 
 
 @dataclass
-class Report:
+class ChecklistRun:
     results: list[Result]
     hosts: list[str] = field(default_factory=list)  # in inventory order; default: order of first appearance
     waiver_errors: list[str] = field(default_factory=list)  # expired waivers
@@ -101,7 +101,7 @@ class Report:
         return path
 
     @classmethod
-    def from_json(cls, data: dict) -> Report:
+    def from_json(cls, data: dict) -> ChecklistRun:
         fields = ("host", "id", "status", "message", "waiver", "duration_s")
         results = [Result(**{k: r[k] for k in fields if k in r}) for r in data.get("results", [])]
         return cls(results, list(data.get("hosts", [])), list(data.get("waiver_errors", [])),
@@ -147,7 +147,7 @@ class Report:
 _COLOURS = {"ok": "32", "FAIL": "1;31", "WARN": "33", "waived": "36", "n/a": "2", "blocked": "35", "-": "2"}
 
 
-def render_table(report: Report, color: bool = False) -> str:
+def render_table(report: ChecklistRun, color: bool = False) -> str:
     """Check x host table, then every finding with its remediation, then the verdict line."""
     hosts = report.hosts
     idw = max(len(c.id) for c in registry.CHECKS)
@@ -189,9 +189,9 @@ def render_table(report: Report, color: bool = False) -> str:
     return "\n".join(lines)
 
 
-def merge(reports: Sequence[Report], hosts: Iterable[str] = ()) -> Report:
+def merge(reports: Sequence[ChecklistRun], hosts: Iterable[str] = ()) -> ChecklistRun:
     """One fleet report from per-host reports (the fleet runner runs one pytest per host)."""
-    merged = Report([r for rep in reports for r in rep.results], list(hosts))
+    merged = ChecklistRun([r for rep in reports for r in rep.results], list(hosts))
     for rep in reports:
         merged.run_errors += [e for e in rep.run_errors if e not in merged.run_errors]
         merged.waiver_errors += [e for e in rep.waiver_errors if e not in merged.waiver_errors]

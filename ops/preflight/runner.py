@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ops.preflight import waivers as waivers_mod
-from ops.preflight.results import Report, merge
+from ops.preflight.results import ChecklistRun, merge
 
 CHECKLIST = Path(__file__).resolve().parent / "test_checklist.py"
 
@@ -86,7 +86,7 @@ def pytest_argv(host: str, inventory: Path | str, opts: Options, json_path: Path
     return [*argv, *opts.extra_args]
 
 
-def run_host(host: str, inventory: Path | str, opts: Options, out_dir: Path) -> Report:
+def run_host(host: str, inventory: Path | str, opts: Options, out_dir: Path) -> ChecklistRun:
     json_path, log_path = out_dir / f"{host}.json", out_dir / f"{host}.log"
     argv = pytest_argv(host, inventory, opts, json_path)
     with log_path.open("w") as log:
@@ -97,17 +97,18 @@ def run_host(host: str, inventory: Path | str, opts: Options, out_dir: Path) -> 
         except subprocess.TimeoutExpired:
             code = None
     if json_path.is_file():
-        report = Report.from_json(json.loads(json_path.read_text()))
+        report = ChecklistRun.from_json(json.loads(json_path.read_text()))
         if code is None:
             report.run_errors.append(f"{host}: checklist stopped after {opts.host_timeout:.0f} s (log: {log_path})")
         return report
     tail = " | ".join(log_path.read_text().strip().splitlines()[-6:])[-600:]
     what = f"timed out after {opts.host_timeout:.0f} s" if code is None else f"exited {code}"
-    return Report([], [host], run_errors=[f"{host}: the checklist could not run ({what}): {tail} (log: {log_path})"])
+    return ChecklistRun([], [host],
+                        run_errors=[f"{host}: the checklist could not run ({what}): {tail} (log: {log_path})"])
 
 
 def run_fleet(inventory: Path | str, hosts: Sequence[str], opts: Options, out_dir: Path | None = None,
-              jobs: int = 0, on_host: Callable[[str, Report], None] | None = None) -> Report:
+              jobs: int = 0, on_host: Callable[[str, ChecklistRun], None] | None = None) -> ChecklistRun:
     """Every host's checklist, ``jobs`` at a time (0: all at once, up to 16); one merged report."""
     # Fail fast on unusable waivers here, with the same message every per-host run would give.
     try:
@@ -118,7 +119,7 @@ def run_fleet(inventory: Path | str, hosts: Sequence[str], opts: Options, out_di
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
-    def one(host: str) -> Report:
+    def one(host: str) -> ChecklistRun:
         report = run_host(host, inventory, opts, out_dir)
         if on_host:
             on_host(host, report)
@@ -133,7 +134,7 @@ def run_fleet(inventory: Path | str, hosts: Sequence[str], opts: Options, out_di
 
 def run_and_report(inventory: Path | str, hosts: str = "vlm", opts: Options | None = None, *,
                    junit: str | None = None, json_out: str | None = None, jobs: int = 0, logs: str | None = None,
-                   color: bool = False, echo: Callable[[str], None] = print) -> Report:
+                   color: bool = False, echo: Callable[[str], None] = print) -> ChecklistRun:
     """The whole fleet run as `vlfleet preflight`, `python -m ops.preflight` and the preflight role do it:
     resolve hosts, run, print progress and the table, write the reports. Raises PreflightError on bad input."""
     opts = opts or Options()

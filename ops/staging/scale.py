@@ -385,7 +385,7 @@ def _expected_errors() -> tuple[type[Exception], ...]:
 
 
 def _converged_hosts(inventory: Path) -> list[str]:
-    """The service hosts that already run a release (a reused fleet), by the host agent's describe."""
+    """The service hosts that already run a release (a reused fleet), by the host program's describe."""
     from ops.fleet import Fleet, load_inventory
 
     with Fleet(load_inventory(inventory), echo=None) as f:

@@ -244,7 +244,7 @@ FIELDS: tuple[Field, ...] = (
 LAUNCHER_ENV: tuple[str, ...] = ("VLFLEET_CPUS", "VLFLEET_CPU_PLAN_FILE")
 # Read by the controller's tools and the tests, never by the service. A service started from their environment
 # (`vlfleet serve`, the bench, the tests' servers) inherits them, so there they are no mistake; on a host they mean
-# nothing, and the host agent refuses them in an env file. A new one goes here (tests/unit/test_contract.py finds
+# nothing, and the host program refuses them in an env file. A new one goes here (tests/unit/test_contract.py finds
 # every VLFLEET_* name in the tree).
 TOOLING_ENV: tuple[str, ...] = (
     "VLFLEET_CACHE",  # ops/paths.py: the controller's cache

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ops.preflight import registry
-from ops.preflight.results import Report
+from ops.preflight.results import ChecklistRun
 from tests.e2e.hostcmd import ssh as _ssh
 from tests.e2e.hostcmd import sudo as _sudo
 from tests.e2e.waivers import staging_waivers, without_avx512
@@ -70,7 +70,7 @@ def waivers_file(hosts, tmp_path_factory) -> Path:
     return staging_waivers(hosts, tmp_path_factory.mktemp("preflight") / "waivers.yml")
 
 
-def _vlfleet_preflight(inventory: Path, waivers: Path, out: Path) -> tuple[subprocess.CompletedProcess, Report]:
+def _vlfleet_preflight(inventory: Path, waivers: Path, out: Path) -> tuple[subprocess.CompletedProcess, ChecklistRun]:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     done = subprocess.run([str(BIN / "vlfleet"), "preflight", "--inventory", str(inventory), "--waivers", str(waivers),
@@ -79,10 +79,10 @@ def _vlfleet_preflight(inventory: Path, waivers: Path, out: Path) -> tuple[subpr
                           timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
     print(f"\n[preflight] vlfleet preflight took {time.monotonic() - started:.1f} s (exit {done.returncode})\n"
           + done.stdout + done.stderr)
-    return done, Report.from_json(json.loads((out / "report.json").read_text()))
+    return done, ChecklistRun.from_json(json.loads((out / "report.json").read_text()))
 
 
-def _expect(report: Report, broken: dict[str, list[str]]) -> None:
+def _expect(report: ChecklistRun, broken: dict[str, list[str]]) -> None:
     for host in ("c1", "c2", "vm1"):
         assert report.failed_ids(host) == broken.get(host, []), f"{host}: {report.failed_ids(host)}"
 
@@ -138,7 +138,7 @@ def broken(inventory, hosts):
         _wait_ready(vm1)
 
 
-def _check_findings(report: Report, broken: dict) -> None:
+def _check_findings(report: ChecklistRun, broken: dict) -> None:
     _expect(report, BROKEN)
     for host, ids in BROKEN.items():
         for cid in ids:
@@ -181,7 +181,7 @@ class TestBrokenHosts:
                               stdin=subprocess.DEVNULL)
         print(f"\n[preflight] plain pytest took {time.monotonic() - started:.1f} s\n" + done.stdout[-6000:])
         assert done.returncode == 1, done.stdout[-3000:] + done.stderr
-        _check_findings(Report.from_json(json.loads((tmp_path / "r.json").read_text())), broken)
+        _check_findings(ChecklistRun.from_json(json.loads((tmp_path / "r.json").read_text())), broken)
         assert "SVC-ACTIVE [error] on c1: vlfleet.service is inactive" in done.stdout
         assert "4 failed" in done.stdout  # pytest's own count: the four error-severity findings
 
@@ -200,7 +200,7 @@ class TestBrokenHosts:
                 assert f"[{host} {cid}]" in message
         assert "fix: " + registry.get("SVC-ACTIVE").remediation in message
         assert run.changed_count("c1") == 0
-        _check_findings(Report.from_json(json.loads((tmp_path / "preflight.json").read_text())), broken)
+        _check_findings(ChecklistRun.from_json(json.loads((tmp_path / "preflight.json").read_text())), broken)
 
 
 def test_fleet_ready_again_after_restore(inventory, waivers_file, tmp_path):

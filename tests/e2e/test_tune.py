@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.preflight.results import Report
+from ops.preflight.results import ChecklistRun
 from service.runtime.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
 from tests.e2e.hostcmd import sudo as _sudo
 
@@ -144,7 +144,7 @@ def test_checklist_finds_the_tuned_engine_running(record, converged_inventory, t
     done = _vlfleet("preflight", "--inventory", str(converged_inventory), "--hosts", HOST, "--json",
                     str(tmp_path / "report.json"), "--logs", str(tmp_path / "logs"))
     assert (tmp_path / "report.json").is_file(), done.stdout[-2000:] + done.stderr[-2000:]
-    result = Report.from_json(json.loads((tmp_path / "report.json").read_text())).get(HOST, "ENGINE-TUNED")
+    result = ChecklistRun.from_json(json.loads((tmp_path / "report.json").read_text())).get(HOST, "ENGINE-TUNED")
     assert result.status == "pass", result.message
     assert record["engine"] in result.message
 

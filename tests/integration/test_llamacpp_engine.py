@@ -177,7 +177,7 @@ def test_a_llama_server_that_dies_while_loading_fails_the_service_and_tune_at_on
                                                                                    monkeypatch):
     """VLFLEET_LLAMACPP_SERVER names a llama-server that dies of SIGSEGV while loading (as the AMX build did on the
     2b shape, issue 30): /readyz says ``failed`` with the signal long before the engine's start timeout (600 s), and
-    both waits that tune uses stop there with that reason (the host agent's, whose candidate is then failed with it;
+    both waits that tune uses stop there with that reason (the host program's, whose candidate is then failed with it;
     the bench's): within their 90 s they would otherwise end as "not ready", and fail the test."""
     from ops.bench.server import Server
     from ops.host import gate

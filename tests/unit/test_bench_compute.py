@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from ops.bench import compute
-from ops.bench.report import render
+from ops.bench.bench_md import render
 from ops.bench.targets import evaluate
 from tests.unit.test_bench_targets import by_id, results
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ops.bench.bench_md import render
 from ops.bench.decode_profile import DecodeProfile, part_of, service_lm_properties
-from ops.bench.report import render
 from ops.bench.targets import evaluate
 from tests.unit.test_bench_targets import by_id, results
 

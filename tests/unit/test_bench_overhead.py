@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ops.bench import server, workload
-from ops.bench.report import render
+from ops.bench.bench_md import render
 from ops.bench.service_overhead import comparison, request_body
 from ops.bench.stats import compare
 

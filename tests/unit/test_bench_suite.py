@@ -50,7 +50,7 @@ def test_the_machine_block_names_the_cpu_and_its_isa_flags():
 
 
 def test_every_engine_with_a_follow_up_gets_a_row_and_a_target():
-    from ops.bench.report import followup_section
+    from ops.bench.bench_md import followup_section
     from ops.bench.targets import evaluate
 
     def fu(first, follow):
@@ -67,7 +67,7 @@ def test_every_engine_with_a_follow_up_gets_a_row_and_a_target():
 
 
 def test_every_engine_with_structured_answers_gets_a_row_and_a_target():
-    from ops.bench.report import structured_section
+    from ops.bench.bench_md import structured_section
     from ops.bench.targets import evaluate
 
     def st(plain, constrained):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.bench.report import render, table
+from ops.bench.bench_md import render, table
 from ops.bench.targets import Target, evaluate, summary, throughput_ceiling
 
 

@@ -1,4 +1,4 @@
-"""Report rendering from fake results: table, findings, exit code, JSON round trip, JUnit XML."""
+"""ChecklistRun rendering from fake results: table, findings, exit code, JSON round trip, JUnit XML."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import json
 import xml.etree.ElementTree as ET
 
 from ops.preflight import registry
-from ops.preflight.results import BLOCKED, FAIL, NA, PASS, WAIVED, Report, Result, merge, render_table
+from ops.preflight.results import BLOCKED, FAIL, NA, PASS, WAIVED, ChecklistRun, Result, merge, render_table
 
 
-def _fleet(overrides: dict | None = None) -> Report:
+def _fleet(overrides: dict | None = None) -> ChecklistRun:
     results = []
     for host in ("c1", "vm1"):
         for c in registry.CHECKS:
             results.append(Result(host, c.id, PASS, "fine"))
-    report = Report(results, ["c1", "vm1"])
+    report = ChecklistRun(results, ["c1", "vm1"])
     for (host, cid), (status, msg) in (overrides or {}).items():
         r = report.get(host, cid)
         r.status, r.message = status, msg
@@ -43,8 +43,8 @@ def test_waived_na_blocked_do_not_fail():
 
 
 def test_expired_waiver_and_run_error_fail():
-    assert Report([], ["c1"], waiver_errors=["waiver for SVC-NOFILE expired"]).exit_code == 1
-    assert Report([], ["c1"], run_errors=["c1: the checklist could not run"]).exit_code == 1
+    assert ChecklistRun([], ["c1"], waiver_errors=["waiver for SVC-NOFILE expired"]).exit_code == 1
+    assert ChecklistRun([], ["c1"], run_errors=["c1: the checklist could not run"]).exit_code == 1
 
 
 def test_table_has_a_row_per_check_and_a_column_per_host_and_findings_with_fix():
@@ -76,13 +76,13 @@ def test_json_round_trip_and_remediation_only_on_findings(tmp_path):
     row = next(r for r in data["results"] if r["host"] == "vm1" and r["id"] == "SVC-NOFILE")
     assert row["severity"] == "error" and row["remediation"] == registry.get("SVC-NOFILE").remediation
     assert next(r for r in data["results"] if r["id"] == "SVC-NOFILE" and r["host"] == "c1")["remediation"] == ""
-    back = Report.from_json(data)
+    back = ChecklistRun.from_json(data)
     assert back.failed_ids("vm1") == ["SVC-NOFILE"] and back.exit_code == 1
 
 
 def test_merge_keeps_host_order_and_run_errors():
     a = _fleet()
-    b = Report([], ["vm2"], run_errors=["vm2: the checklist could not run (exited 4)"])
+    b = ChecklistRun([], ["vm2"], run_errors=["vm2: the checklist could not run (exited 4)"])
     merged = merge([a, b], ["c1", "vm1", "vm2"])
     assert merged.hosts == ["c1", "vm1", "vm2"] and merged.exit_code == 1
 

@@ -14,7 +14,7 @@ from ops.preflight import registry
 from ops.report import Options, build, parse_facts, slowest, summarize_probe
 from ops.report.page import render, write_charts
 
-FACTS_OUTPUT = {  # what `service.probe facts` prints (JSON)
+FACTS_OUTPUT = {  # what the host program's `facts` probe prints (JSON)
     "model": "Intel(R) Xeon(R) Platinum 8480+",
     "flags": "fpu sse sse2 avx avx2 fma f16c avx512f avx512bw avx512_vnni amx_tile amx_int8 hypervisor",
     "cpus": 8,

@@ -1,6 +1,6 @@
 """Rollout, rollback and abort through real Fabric Connections against Fabric's MockRemote (no network).
 
-Each host's Session lists what its host agent answers, in order; the tests then read which agent subcommands
+Each host's Session lists what its host program answers, in order; the tests then read which agent subcommands
 Fabric actually ran on each host and on the lb, which is where "the remaining hosts were never touched" shows.
 """
 

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ops.fleet import HostResult, Outcome, Report
+from ops.fleet import BatchRun, HostResult, Outcome
 from ops.fleet.load import Load, summarize
 from ops.paths import repo_root
 from ops.staging import scale
@@ -137,7 +137,7 @@ def test_markdown_names_the_fresh_hosts_of_a_two_host_fleet():
 
 # --- rollout record and the client loop ------------------------------------------------------------------------
 def test_rollout_record_counts_outcomes_and_carries_the_load_summary():
-    report = Report("rollout", "scale-1", results=[HostResult("c1", Outcome.OK, "scale-1", "s0", seconds=20, batch=1),
+    report = BatchRun("rollout", "scale-1", results=[HostResult("c1", Outcome.OK, "scale-1", "s0", seconds=20, batch=1),
                                                     HostResult("c2", Outcome.ROLLED_BACK, "s0", "s0", batch=2)],
                     batches=[["c1"], ["c2"]], seconds=41.0)
     log = [{"stream": True, "ok": True, "first_token_s": 0.2}, {"stream": False, "ok": True, "first_token_s": 0.5},

@@ -1,5 +1,5 @@
 """`vlfleet tune` (ops/fleet/tune.py): which engines are candidates, the memory budget, the score, the pick, the
-record; the host agent's override file and peak memory on local files; the status and report engine column; and one
+record; the host program's override file and peak memory on local files; the status and report engine column; and one
 fleet run through real Fabric connections against Fabric's MockRemote (no network)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ NO_SERVER = {"env": {}, "llama_server": {"path": "", "exists": False}}
 
 
 def _run(total: float, first: float = 0.5, tokens: int = 16, error: str | None = None) -> dict:
-    """A row as `service.probe latency` prints it."""
+    """A row as the host program's `latency` probe prints it."""
     return {"status": 200, "first_token_s": first, "total_s": total, "tokens": tokens, "ms_per_token": 40.0,
             "error": error}
 
