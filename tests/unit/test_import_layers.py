@@ -69,6 +69,15 @@ def test_the_host_program_imports_the_standard_library_and_itself_only():
         assert not extra, f"{path.relative_to(ROOT)} imports {sorted(extra)}: the host program runs alone on a host"
 
 
+HOST_PROGRAM_AS_LIBRARY = {"ops.host", "ops.host.client", "ops.host.layout", "ops.host.probe"}
+
+
+def test_the_controller_uses_of_the_host_program_only_its_client_layout_and_probes():
+    used = {t for m, targets in import_graph().items() if m.startswith("ops") and not m.startswith("ops.host")
+            for t in targets if t == "ops.host" or t.startswith("ops.host.")}
+    assert used <= HOST_PROGRAM_AS_LIBRARY, sorted(used - HOST_PROGRAM_AS_LIBRARY)
+
+
 def programs_in_strings(path) -> list[str]:
     """Where a module runs text as code (exec/eval/compile of it) or keeps Python source in a string constant."""
     found = []
