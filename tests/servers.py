@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.process import kill_session, terminate
+from service.runtime.processes import kill_session, terminate
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ops.bench.memory import children, memory_status, peak_rss_bytes, tree_peak_rss_bytes
 from ops.host import client
-from ops.process import die_with_parent, kill_session, terminate
+from service.runtime.processes import die_with_parent, kill_session, terminate
 
 # Benchmarks measure generation: repeated prompts must not be answered from the answer cache.
 BENCH_ENV = {"VLFLEET_MAX_TOKENS": "4096", "VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_QUEUE_SIZE": "32",

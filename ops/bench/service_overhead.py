@@ -37,7 +37,7 @@ from typing import IO, Any
 from ops.bench import workload
 from ops.bench.server import free_port, service_env, start_service, wait_ready
 from ops.bench.stats import TOLERANCE, compare
-from ops.process import kill_session, terminate
+from service.runtime.processes import kill_session, terminate
 
 METRICS = ("first_token_s", "ms_per_token")
 

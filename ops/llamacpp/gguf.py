@@ -35,8 +35,8 @@ from typing import Any
 
 from ops.llamacpp import source as source_mod
 from ops.model.publish import publish, up_to_date
-from ops.process import die_with_parent
 from service.runtime import manifest as mf
+from service.runtime.processes import die_with_parent
 
 WRAPPER = Path(__file__).with_name("hf_to_gguf.py")
 # Types the converter writes itself (no llama.cpp build needed), by llama-quantize's names.

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ops.model.publish import publish, up_to_date
-from ops.process import die_with_parent
 from service.runtime import manifest as mf
+from service.runtime.processes import die_with_parent
 
 WEIGHT_FORMATS = ("int4", "int8", "fp16")
 # Versions recorded in the manifest: everything that shapes the bytes of the IR.

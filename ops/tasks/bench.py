@@ -66,7 +66,7 @@ def run(c, only=None, quick=False, runs=None, tokens=128, out=None):
         raise Exit("--runs must be >= 1 and --tokens >= 2 (ms/token needs two tokens)")
     print(f"[bench] sections: {', '.join(plan.sections)}; {plan.runs} runs, {plan.tokens} tokens; "
           f"logs in {plan.log_dir}; preparing 2b-shape artifacts (cached after the first build)", flush=True)
-    from ops.process import sigterm_as_interrupt
+    from service.runtime.processes import sigterm_as_interrupt
 
     try:
         with sigterm_as_interrupt():

@@ -34,10 +34,10 @@ from service.engine.llamacpp_child import (
     describe_exit,
     gguf_files,
     installed_package,
-    pdeathsig,
     threads,
 )
 from service.engine.stateful_lm import Prompt, common_prefix
+from service.runtime.processes import die_with_parent
 
 SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of context_size() tokens
 SAME_CONVERSATION = 0.5  # the share of a sequence's tokens a prompt must start with to continue it
@@ -70,7 +70,7 @@ class Worker:
         env = child_env(Path(open_args[0]))  # the wheel's libraries beside the shim, not the build's it was linked to
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "service.engine.llama_worker", str(child.fileno())],
-                                     pass_fds=(child.fileno(),), env=env, preexec_fn=pdeathsig())
+                                     pass_fds=(child.fileno(),), env=env, preexec_fn=die_with_parent())
         child.close()
         self._conn = Connection(parent.detach())
         self.info = self.call("open", *open_args)

@@ -73,16 +73,9 @@ class LlamaVisionGrid(VisionGrid):
     resize, but its first rounding is C's round (half away from zero) where Python's rounds half to even: a
     448x336 image is 14x11 merged patches there, not 14x10."""
 
-    def tokens(self, width: int, height: int) -> int:
-        f = self.patch * self.merge
-        h, w = max(f, math.floor(height / f + 0.5) * f), max(f, math.floor(width / f + 0.5) * f)
-        if h * w > self.max_pixels:
-            beta = math.sqrt(height * width / self.max_pixels)
-            h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
-        elif h * w < self.min_pixels:
-            beta = math.sqrt(self.min_pixels / (height * width))
-            h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
-        return (h // f) * (w // f)
+    @staticmethod
+    def _round(x: float) -> int:
+        return math.floor(x + 0.5)
 
 
 # Qwen3-VL's 16-px patches merged 2x2, and llama.cpp's bounds for Qwen-VL: 8 to 4096 image tokens.

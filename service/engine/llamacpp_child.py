@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -36,10 +35,10 @@ from typing import Any
 from service.engine.genai import cpu_flags
 from service.engine.llamacpp_api import Endpoint
 from service.runtime.manifest import gguf_parts
+from service.runtime.processes import die_with_parent, terminate
 
 log = logging.getLogger("vlfleet.llamacpp")
 
-PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
 HEALTH_POLL_S = 0.25
 _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
@@ -194,15 +193,6 @@ def _fixed_port(command: list[str]) -> int | None:
     return int(command[command.index("--port") + 1]) or None
 
 
-def pdeathsig():
-    """A preexec_fn that arms PR_SET_PDEATHSIG; prctl is looked up here, before fork, so the child only calls it."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    return arm
-
-
 class LlamaServerChild:
     """One llama-server process at a time: ``start`` (bounded wait for /health), ``alive``, ``stop``.
 
@@ -245,7 +235,7 @@ class LlamaServerChild:
         if self.key:
             env["LLAMA_API_KEY"] = self.key  # by environment, not argv, which every user of the host can read in ps
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, preexec_fn=pdeathsig())
+                                     stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent())
         log.info("llama-server started", extra={"pid": self.proc.pid, "command": " ".join(self.command)})
         try:
             out = open(self.log_file, "w", buffering=1) if self.log_file else None  # noqa: SIM115 (the reader closes it)
@@ -302,10 +292,5 @@ class LlamaServerChild:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        terminate(proc, STOP_GRACE_S)
         log.info("llama-server stopped", extra={"pid": proc.pid, "exit_code": proc.returncode})

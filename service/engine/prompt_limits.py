@@ -44,10 +44,14 @@ class VisionGrid:
                    int(size.get("shortest_edge", cfg.get("min_pixels", cls.min_pixels))),
                    int(size.get("longest_edge", cfg.get("max_pixels", cls.max_pixels))))
 
+    @staticmethod
+    def _round(x: float) -> int:
+        return round(x)  # Python's: half to even, as the Hugging Face image processor
+
     def resized(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) the image processor resizes an image to (Qwen's smart resize)."""
         f = self.patch * self.merge
-        h, w = max(f, round(height / f) * f), max(f, round(width / f) * f)
+        h, w = max(f, self._round(height / f) * f), max(f, self._round(width / f) * f)
         if h * w > self.max_pixels:
             beta = math.sqrt(height * width / self.max_pixels)
             h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)

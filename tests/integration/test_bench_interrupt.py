@@ -21,7 +21,7 @@ DRIVER = """
 import sys
 from pathlib import Path
 from ops.bench.suite import Plan, run
-from ops.process import sigterm_as_interrupt
+from service.runtime.processes import sigterm_as_interrupt
 
 artifact, out = Path(sys.argv[1]), Path(sys.argv[2])
 (out / "logs").mkdir(parents=True)

@@ -1,4 +1,5 @@
-"""Child processes we start: they die with us, and we stop them by their PID (never by name).
+"""Child processes we start (the service's llama.cpp children, the controller's converters, benches and servers):
+they die with us, and we stop them by their PID (never by name). Standard library only.
 
 SIGTERM to its PID, a grace period, then SIGKILL; a child armed with ``die_with_parent`` also gets a signal from
 the kernel when the process that started it dies without stopping it (PR_SET_PDEATHSIG), so a killed convert or
@@ -19,9 +20,12 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets ``sig`` when its parent (the thread that started it) goes away."""
+    """A ``preexec_fn``: the child gets ``sig`` when its parent (the thread that started it) goes away. prctl is
+    looked up here, before fork, so the child only calls it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
     def arm() -> None:  # runs in the child between fork and exec
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+        prctl(PR_SET_PDEATHSIG, sig)
     return arm
 
 
