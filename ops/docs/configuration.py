@@ -18,7 +18,7 @@ def service_settings() -> str:
              "when a value is not valid, and when a `VLFLEET_*` name is none of these nor the launcher's "
              "`VLFLEET_CPUS` and `VLFLEET_CPU_PLAN_FILE` ([roles.md](roles.md#the-launcher-servicelauncherpy)), "
              "naming the nearest valid one: a misspelt setting is an error, not a setting silently ignored (the host "
-             "agent's env step refuses it before the env file is written). On hosts the role `vlm_service` writes "
+             "program's env step refuses it before the env file is written). On hosts the role `vlm_service` writes "
              "them to "
              "`/opt/vlfleet/current/vlfleet.env` (add your own with `vlm_service_extra_env`); `vlfleet serve` takes "
              "the common ones as flags.", "",

@@ -13,7 +13,7 @@ rolling restart and status.
 
 from ops.fleet.batches import BatchRun, HostResult, Outcome, RolloutError, describe_error, format_table, run_batches
 from ops.fleet.inventory import FleetError, Host, Inventory, load_inventory, parse_inventory_json
-from ops.fleet.release import Release, env_changes, parse_env, stage_release
+from ops.fleet.release import Release, parse_env_option, release_changes, stage_release
 from ops.fleet.rollout import restart, rollback, rollout
 from ops.fleet.status import status, status_table
 from ops.fleet.transport import Fleet, StepError, Timeouts, parse_step_output, step_args, step_name
@@ -31,12 +31,12 @@ __all__ = [
     "StepError",
     "Timeouts",
     "describe_error",
-    "env_changes",
     "format_table",
     "load_inventory",
-    "parse_env",
+    "parse_env_option",
     "parse_inventory_json",
     "parse_step_output",
+    "release_changes",
     "restart",
     "rollback",
     "rollout",

@@ -57,7 +57,7 @@ class Release:
         return json.loads((self.artifact / "manifest.json").read_text())["artifact_id"]
 
 
-def parse_env(pairs: str | None) -> dict[str, str]:
+def parse_env_option(pairs: str | None) -> dict[str, str]:
     """"K=V,K2=V2" -> dict (a value may not contain commas; repeat --env for such values)."""
     env: dict[str, str] = {}
     for pair in (p for p in (pairs or "").split(",") if p.strip()):
@@ -68,7 +68,7 @@ def parse_env(pairs: str | None) -> dict[str, str]:
     return env
 
 
-def env_changes(release: Release, root: str) -> dict[str, str]:
+def release_changes(release: Release, root: str) -> dict[str, str]:
     """What the release changes in the env file of the release a host runs (an empty value removes a setting)."""
     changes = {"VLFLEET_RELEASE_ID": release.id}
     if release.artifact_id:
@@ -95,7 +95,7 @@ def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, 
     conn = fleet.conns[name]
     args: dict[str, Any] = {"root": h.root, "release": release.id, "python": h.python,
                             "group": h.var("vlm_service_group", "vlfleet"), "env_from": info["current"],
-                            "changes": env_changes(release, h.root)}
+                            "changes": release_changes(release, h.root)}
     sha = release.wheelhouse_sha
     if sha is None:
         args["venv_from"] = info["current"]

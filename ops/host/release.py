@@ -113,7 +113,9 @@ def stage(args: dict) -> dict:
 
 
 def place(args: dict) -> dict:
-    """Move an uploaded directory (wheelhouse or model artifact) into place, verifying an artifact first."""
+    """Move an uploaded directory (wheelhouse or model artifact) into place, root-owned; an artifact
+    (``verify_with``: the python that runs service.runtime.manifest) is verified first (``full``, the default: every
+    file's sha256) and made read-only. What is already at ``dest`` is kept and the upload removed."""
     src = Path(args["src"])
     dest = Path(args["dest"])
     if dest.exists():
@@ -123,12 +125,14 @@ def place(args: dict) -> dict:
         raise HostError(f"upload {src} is missing")
     run(["chown", "-R", "root:root", str(src)])
     if args.get("verify_with"):
-        done = subprocess.run([args["verify_with"], "-m", "service.runtime.manifest", "verify", "--full", str(src)],
+        full = ["--full"] if flag(args, "full", default=True) else []  # hashes too, not only names and sizes
+        done = subprocess.run([args["verify_with"], "-m", "service.runtime.manifest", "verify", *full, str(src)],
                               capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             shutil.rmtree(src, ignore_errors=True)
-            raise HostError("the uploaded artifact does not match its manifest: "
-                             f"{(done.stdout + done.stderr).strip()[-600:]}")
+            raise HostError(f"the copy of {dest.name} does not match its manifest: "
+                            f"{(done.stdout + done.stderr).strip()[-600:]}. Check the controller's copy "
+                            "(`vlfleet model.verify DIR`), then send it again")
         run(["chmod", "-R", "a-w,a+rX", str(src)])
     else:
         run(["chmod", "-R", "go-w,a+rX", str(src)])

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ops.host.layout import parse_env, service_address
 from ops.machine import isa
 
 REPORT_VERSION = 1
@@ -48,8 +49,7 @@ def parse_facts(sections: dict[str, Any]) -> dict[str, Any]:
     """the host program's `facts` probe -> CPU, memory, swap, pinning and service address."""
     mem = {k: int(v.split()[0]) * 1024 for k, v in
            (ln.split(":", 1) for ln in sections.get("meminfo", "").splitlines() if ":" in ln)}
-    env = dict(ln.split("=", 1) for ln in sections.get("env", "").splitlines()
-               if "=" in ln and not ln.startswith("#"))
+    host, port = service_address(parse_env(sections.get("env", "")))
     try:
         plan = json.loads(sections.get("plan") or "null")
     except ValueError:
@@ -67,8 +67,8 @@ def parse_facts(sections: dict[str, Any]) -> dict[str, Any]:
         "swap_used_bytes": (mem["SwapTotal"] - mem["SwapFree"]) if "SwapTotal" in mem and "SwapFree" in mem else None,
         "os": sections.get("os") or None,
         "kernel": sections.get("kernel") or None,
-        "service_host": env.get("VLFLEET_HOST", "127.0.0.1"),
-        "service_port": int(env.get("VLFLEET_PORT", "8000")),
+        "service_host": host,  # asked from the host itself: a wildcard bind is reached on loopback
+        "service_port": port,
     }
 
 

@@ -75,7 +75,7 @@ def rollout(c, release, inventory="inventory.yml", wheelhouse=None, artifact=Non
 
     try:
         rel = ops_fleet.Release(release, Path(wheelhouse).expanduser() if wheelhouse else None,
-                                Path(artifact).expanduser() if artifact else None, ops_fleet.parse_env(env))
+                                Path(artifact).expanduser() if artifact else None, ops_fleet.parse_env_option(env))
     except ops_fleet.FleetError as e:
         raise Exit(f"vlfleet rollout: {e}") from e
     with _open_fleet(inventory, only, drain_timeout, ready_timeout) as fleet:

@@ -13,10 +13,10 @@ import pytest
 from ops.fleet import (
     Release,
     StepError,
-    env_changes,
     host_program,
     parse_inventory_json,
     parse_step_output,
+    release_changes,
     step_args,
     step_name,
 )
@@ -266,7 +266,7 @@ def test_agent_crash_and_sudo_password_are_explained():
 def test_release_env_changes_only_what_the_release_changes(tmp_path):
     current = {"VLFLEET_HOST": "10.0.0.11", "VLFLEET_PORT": "8000", "VLFLEET_RELEASE_ID": "r1",
                "VLFLEET_MODEL_DIR": "/opt/vlfleet/models/a1", "VLFLEET_QUEUE_SIZE": "8"}
-    changes = env_changes(Release("r2", env={"VLFLEET_QUEUE_SIZE": "", "VLFLEET_MAX_TOKENS": "64"}), "/opt/vlfleet")
+    changes = release_changes(Release("r2", env={"VLFLEET_QUEUE_SIZE": "", "VLFLEET_MAX_TOKENS": "64"}), "/opt/vlfleet")
     env = envfile.merged_env(current, changes)
     assert env == {"VLFLEET_HOST": "10.0.0.11", "VLFLEET_PORT": "8000", "VLFLEET_RELEASE_ID": "r2",
                    "VLFLEET_MODEL_DIR": "/opt/vlfleet/models/a1", "VLFLEET_MAX_TOKENS": "64"}
