@@ -155,14 +155,17 @@ class Fleet:
     # -- load balancer -------------------------------------------------------------------------------------------
 
     def set_drained(self, drain: list[str], undrain: list[str]) -> None:
-        """Mark hosts drained / back in rotation on every lb host (serialized: one nginx site per lb)."""
+        """Mark hosts drained / back in rotation on every lb host (serialized: one nginx site per lb). A host the
+        lb's ``lb_drained_hosts`` keeps drained (the operator's switch, which the lb role renders) stays drained."""
         if not self.lbs:
             return
         with self._lb_lock:
             for lb in self.lbs:
                 site = f"/etc/nginx/sites-available/{lb.var('lb_site_name', 'vlfleet')}"
-                self.step(lb.name, "lb", {"site": site, "drain": drain, "undrain": undrain},
-                           lock="/run/lock/vlfleet-lb.lock")
+                kept = set(lb.var("lb_drained_hosts") or ())
+                self.step(lb.name, "lb", {"site": site, "drain": drain,
+                                          "undrain": [h for h in undrain if h not in kept]},
+                          lock="/run/lock/vlfleet-lb.lock")
 
     # -- one host ------------------------------------------------------------------------------------------------
 

@@ -85,6 +85,21 @@ def test_rollout_goes_host_by_host_with_drain_gate_undrain(remote):
     assert lb_ops == [(["h1"], []), ([], ["h1"]), (["h2"], []), ([], ["h2"]), (["h3"], []), ([], ["h3"])]
 
 
+def test_a_host_the_operator_drained_gets_the_release_and_stays_drained(remote):
+    """lb_drained_hosts (the lb role's persistent switch) names h2: the rollout drains and changes it like the others,
+    and never asks the lb to put it back."""
+    sessions = [_session(h, DESCRIBE, STAGE, QUIESCE, READY, PRUNE) for h in ("h1", "h2", "h3")]
+    lb = _session("lb1", *[LB] * 6)
+    remote.expect_sessions(*sessions, lb)
+    inventory = _inventory()
+    inventory.hosts["lb1"].vars["lb_drained_hosts"] = ["h2"]
+    with Fleet(inventory, timeouts=Timeouts(drain=5, ready=30), echo=None, ship=False) as f:
+        report = ops_fleet.rollout(f, Release("r2"), batch="1")
+    assert report.ok and [r.release for r in report.results] == ["r2", "r2", "r2"], report.table()
+    lb_ops = [(a["drain"], a["undrain"]) for _, a in _ran(lb)]
+    assert lb_ops == [(["h1"], []), ([], ["h1"]), (["h2"], []), ([], []), (["h3"], []), ([], ["h3"])]
+
+
 def test_failed_canary_is_rolled_back_and_nothing_else_is_touched(remote):
     h1 = _session("h1", DESCRIBE, STAGE, QUIESCE, NOT_READY, BACK)
     h2, h3 = _session("h2"), _session("h3")
