@@ -26,7 +26,19 @@ ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks" / "mai
 def _render(name: str, **variables) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "templates"), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True)
+    env.globals["lookup"] = _lookup
     return env.get_template(name).render(**variables)
+
+
+def _lookup(plugin: str, term: str) -> str:
+    """Ansible's lookup() as the templates use it: the project's `vlfleet` lookup plugin itself."""
+    import importlib.util
+
+    assert plugin == "vlfleet", plugin
+    spec = importlib.util.spec_from_file_location("vlfleet_lookup", REPO / "ops/ansible_plugins/lookup/vlfleet.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LookupModule().run([term])[0]
 
 
 UNIT_VARS = dict(
