@@ -127,11 +127,13 @@ class VisionEncoder:
 
     def __init__(self, core, model_dir: Path, device: str, properties: dict, cache_bytes: int):
         self.cfg = VisionConfig.of_model(model_dir)
-        compile_ = lambda name: core.compile_model(  # noqa: E731 - three one-line uses
-            str(Path(model_dir) / f"openvino_{name}_model.xml"), device, properties).create_infer_request()
-        self._patch_embed = compile_("vision_embeddings")
-        self._position = compile_("vision_embeddings_pos")
-        self._merger = compile_("vision_embeddings_merger")
+        compile_ = lambda model: core.compile_model(model, device, properties).create_infer_request()  # noqa: E731
+        xml = lambda name: str(Path(model_dir) / f"openvino_{name}_model.xml")  # noqa: E731
+        patch_embed = core.read_model(xml("vision_embeddings"))
+        _patch_embedding_as_matmul(patch_embed)
+        self._patch_embed = compile_(patch_embed)
+        self._position = compile_(xml("vision_embeddings_pos"))
+        self._merger = compile_(xml("vision_embeddings_merger"))
         self._cache: OrderedDict[str, EncodedImage] = OrderedDict()
         self._cache_bytes = cache_bytes
         self._lock = threading.Lock()  # trim() may come from another thread
@@ -177,3 +179,32 @@ class VisionEncoder:
             self._cache[digest] = encoded
             while sum(e.nbytes for e in self._cache.values()) > self._cache_bytes and len(self._cache) > 1:
                 self._cache.popitem(last=False)
+
+
+def _patch_embedding_as_matmul(model) -> None:
+    """The patch embedding's Conv3d, whose kernel covers its whole input (one output position per patch), as the
+    matmul it is: (patches, C*T*P*P) @ (hidden, C*T*P*P)^T, reshaped back to the convolution's output.
+
+    The CPU plugin runs the convolution as a direct convolution (brgconv, AMX bf16): ~117 ms for the 2b shape's 468
+    patches (1536 -> 1024) on a 2-core AMX Xeon, where the same product as a FullyConnected (brgemm) takes ~4 ms.
+    Only a convolution whose window is its whole input is rewritten (no padding, no dilation): the sum is then over
+    (C, T, P, P) of input and kernel in the same order, which is what the two reshapes line up."""
+    import openvino.opset13 as ops
+
+    for conv in model.get_ordered_ops():
+        if conv.get_type_name() != "Convolution":
+            continue
+        x, w, attrs = conv.input_value(0), conv.input_value(1), conv.get_attributes()
+        window, kernel = x.get_partial_shape()[2:], w.get_partial_shape()
+        if (window.is_dynamic or kernel.is_dynamic or list(window.to_shape()) != list(kernel.to_shape())[2:]
+                or any(attrs["pads_begin"]) or any(attrs["pads_end"]) or attrs["auto_pad"] not in ("explicit", "valid")
+                or any(d != 1 for d in attrs["dilations"])):
+            continue
+        out, k = kernel[0].get_length(), int(np.prod(kernel.to_shape()[1:]))
+        shape = lambda *dims: ops.constant(np.array(dims, dtype=np.int64))  # noqa: E731
+        y = ops.matmul(ops.reshape(x, shape(-1, k), False), ops.reshape(w, shape(out, k), False), False, True)
+        y.set_friendly_name(conv.get_friendly_name())
+        y = ops.reshape(y, shape(-1, out, *[1] * len(window)), False)  # the convolution's (N, hidden, 1, 1, 1)
+        for target in conv.output(0).get_target_inputs():
+            target.replace_source_output(y.output(0))
+    model.validate_nodes_and_infer_types()

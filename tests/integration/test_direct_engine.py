@@ -169,3 +169,25 @@ def test_a_kept_state_gives_the_logits_of_a_fresh_prefill(tiny_model):
     cold, kept_cold = pipe.lm.prefill(prompt)
     assert kept_cold == 0
     np.testing.assert_allclose(warm, cold, rtol=0, atol=1e-2 * float(np.abs(cold).max()))
+
+
+def test_the_patch_embedding_runs_as_a_matmul_with_the_convolutions_output(tiny_model):
+    """The vision encoder compiles the patch embedding's Conv3d as a MatMul (vision._patch_embedding_as_matmul):
+    the rewritten graph gives the exported convolution's output (both at f32), and no convolution is left in it or
+    in what the encoder compiles."""
+    import openvino as ov
+
+    from service.engine.vision import VisionConfig, VisionEncoder, _patch_embedding_as_matmul, patches
+
+    core, xml = ov.Core(), str(tiny_model / "openvino_vision_embeddings_model.xml")
+    rewritten = core.read_model(xml)
+    _patch_embedding_as_matmul(rewritten)
+    assert "Convolution" not in {op.get_type_name() for op in rewritten.get_ops()}
+    flat, _ = patches(_conversation("").images[0].pixels, VisionConfig.of_model(tiny_model))
+    exported = core.compile_model(xml, "CPU", EXACT)({"hidden_states": flat})[0]
+    mine = core.compile_model(rewritten, "CPU", EXACT)({"hidden_states": flat})[0]
+    assert mine.shape == exported.shape
+    assert np.abs(mine - exported).max() <= 1e-5 * np.abs(exported).max()
+    compiled = VisionEncoder(core, tiny_model, "CPU", EXACT, 0)._patch_embed.get_compiled_model()
+    layers = {op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()}
+    assert "Convolution" not in layers and "FullyConnected" in layers
