@@ -194,20 +194,21 @@ def base_url(host: str, port: int) -> str:
 
 def first_key(keys_file: str | None) -> str | None:
     """The first key of a service's API keys file (read as root on the host), so a request passes where keys are
-    required; None without a file, or when it cannot be read."""
+    required; None without a file. OSError when the file named cannot be read: a probe given one says so."""
     if not keys_file:
         return None
-    try:
-        with open(keys_file) as f:
-            keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-    except OSError:
-        return None
+    with open(keys_file) as f:
+        keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     return keys[0] if keys else None
 
 
 def api_key(env: dict[str, str]) -> str | None:
-    """``first_key`` of an env file's VLFLEET_API_KEYS_FILE."""
-    return first_key(env.get("VLFLEET_API_KEYS_FILE"))
+    """``first_key`` of an env file's VLFLEET_API_KEYS_FILE; None when it cannot be read (the request then shows
+    whether the service wanted a key)."""
+    try:
+        return first_key(env.get("VLFLEET_API_KEYS_FILE"))
+    except OSError:
+        return None
 
 
 def get(url: str, timeout: float = 10, key: str | None = None) -> tuple[int, bytes]:
