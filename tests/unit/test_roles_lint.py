@@ -31,14 +31,12 @@ def _render(name: str, **variables) -> str:
 
 
 def _lookup(plugin: str, term: str) -> str:
-    """Ansible's lookup() as the templates use it: the project's `vlfleet` lookup plugin itself."""
-    import importlib.util
+    """Ansible's lookup() as the templates use it: the values the `vlfleet` lookup gives (tested through ansible in
+    test_lookup_plugin.py; importing ansible here would patch sys.intern under torch in the same process)."""
+    from service.runtime import contract
 
-    assert plugin == "vlfleet", plugin
-    spec = importlib.util.spec_from_file_location("vlfleet_lookup", REPO / "ops/ansible_plugins/lookup/vlfleet.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.LookupModule().run([term])[0]
+    assert plugin == "vlfleet" and term in contract.FILES, (plugin, term)
+    return getattr(contract, term)
 
 
 UNIT_VARS = dict(
