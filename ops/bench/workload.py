@@ -98,7 +98,7 @@ class Answer:
 
 def chat_stream(url: str, messages: list[dict], tokens: int, timeout: float = 600,
                 extra: dict | None = None) -> Answer:
-    """POST /v1/chat/completions with stream: true and a fixed output length, timed at the client (ops/client.py:
+    """POST /v1/chat/completions with stream: true and a fixed output length, timed at the client (ops/host/client.py:
     first token = first content delta, end = the finish_reason); RuntimeError when it gave no whole answer.
 
     ``extra`` adds body fields a particular server needs to do the same work (llama-server: ``cache_prompt``,

@@ -1,4 +1,4 @@
-"""ops/client.py against a loopback server that answers what a broken service would: the SSE reader's bounds and
+"""ops/host/client.py against a loopback server that answers what a broken service would: the SSE reader's bounds and
 error events, the error message of a non-200 answer, a /readyz wait that gives up. tests/integration/test_client.py
 runs it against the real service."""
 
