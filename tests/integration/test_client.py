@@ -1,5 +1,5 @@
-"""ops/host/client.py against the real service on the tiny model: a streamed answer with its timings, tokens and headers,
-the same answer not streamed, the JSON error of a bad request, and /readyz waits (one that gives up)."""
+"""ops/host/client.py against the real service on the tiny model: a streamed answer with its timings, tokens and
+headers, the same answer not streamed, the JSON error of a bad request, and /readyz waits (one that gives up)."""
 
 from __future__ import annotations
 
