@@ -35,9 +35,6 @@ class Program:
         """Where it goes on a host: the name carries its content, so hosts keep one file per version."""
         return f"{HOST_PROGRAM_DIR}/{self.path.name}"
 
-    def argv(self, python: str, command: str, *args: object) -> list[str]:
-        return [python, self.remote, command, *(str(a) for a in args)]
-
 
 def _sources() -> list[Path]:
     return sorted(SOURCE.glob("*.py"))
@@ -66,16 +63,16 @@ def build(cache: Path | None = None) -> Program:
     return Program(path, _sha256(path))
 
 
-def ensure(conn, program: Program, sudo: str = "sudo -n ") -> str:
+def ensure(conn, program: Program) -> str:
     """Put ``program`` on the host of the Fabric connection ``conn`` unless it is there with its sha256; its path
-    there. ``sudo`` "" when the connection is root already."""
+    there."""
     remote = shlex.quote(program.remote)
     have = conn.run(f"sha256sum {remote}", hide=True, warn=True, in_stream=False, timeout=60)
     if have.ok and have.stdout.split()[:1] == [program.sha256]:
         return program.remote
     tmp = f"/tmp/.{program.path.name}.{uuid.uuid4().hex[:8]}"
     conn.put(str(program.path), tmp)
-    done = conn.run(f"{sudo}install -D -o root -g root -m 0644 {tmp} {remote}; rc=$?; rm -f {tmp}; "
+    done = conn.run(f"sudo -n install -D -o root -g root -m 0644 {tmp} {remote}; rc=$?; rm -f {tmp}; "
                     f"[ $rc = 0 ] && sha256sum {remote}", hide=True, warn=True, in_stream=False, timeout=60)
     if not done.ok or done.stdout.split()[:1] != [program.sha256]:
         raise ShipError(f"could not install the host program at {program.remote}: "

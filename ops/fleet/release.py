@@ -1,5 +1,5 @@
 """A release to roll out (id, wheelhouse, artifact, env changes), and staging it on a host beside the running one
-(the host program's stage step: the venv, and the env file, which the agent writes: the release's changes on top of
+(the host program's stage step: the venv, and the env file, which it writes: the release's changes on top of
 the env file of the release the host runs)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet
-from service.runtime.contract import HOST_NAMES, RELEASE_ID
+from service.runtime.contract import HOST_NAMES, RELEASE_ID, RELEASE_ID_RULE
 from service.runtime.settings import unknown_names
 
 
@@ -30,7 +30,7 @@ class Release:
 
     def __post_init__(self) -> None:
         if not re.match(RELEASE_ID, self.id or ""):
-            raise FleetError(f"--release: release id {self.id!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+            raise FleetError(f"--release: release id {self.id!r}: {RELEASE_ID_RULE}")
         if self.wheelhouse is not None and not (self.wheelhouse / "requirements.txt").is_file():
             raise FleetError(f"--wheelhouse {self.wheelhouse}: no requirements.txt there; build one with "
                              f"`vlfleet wheelhouse.build --python X.Y --out DIR`")
@@ -117,7 +117,7 @@ def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, 
         upload = f"/tmp/vlfleet-upload-{release.artifact_id[:40]}"  # as above
         _upload_dir(conn, release.artifact, upload)  # type: ignore[arg-type]
         fleet.step(name, "place", {"src": upload, "dest": f"{h.root}/models/{release.artifact_id}",
-                                    "verify_with": f"{h.root}/releases/{release.id}/venv/bin/python"},
-                    timeout=1900)
+                                   "verify_with": f"{h.root}/releases/{release.id}/venv/bin/python"},
+                   timeout=1900)
         what += f", model {release.artifact_id} copied and verified"
     return what

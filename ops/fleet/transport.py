@@ -179,8 +179,8 @@ class Fleet:
     def activate(self, name: str, release: str | None) -> dict:
         h = self.host(name)
         return self.step(name, "activate", {"root": h.root, "unit": h.unit, "release": release,
-                                             "timeout": self.timeouts.ready},
-                          timeout=self.timeouts.ready + 180)
+                                            "timeout": self.timeouts.ready},
+                         timeout=self.timeouts.ready + 180)
 
     def swap_in(self, name: str, release: str | None, before: str | None) -> HostResult:
         """Drain, wait for in-flight requests, activate ``release`` (None: restart), gate, undrain; on a failed
@@ -191,7 +191,7 @@ class Fleet:
             drained = True
             h = self.host(name)
             q = self.step(name, "quiesce", {"root": h.root, "timeout": self.timeouts.drain},
-                           timeout=self.timeouts.drain + 60)
+                          timeout=self.timeouts.drain + 60)
             note = f"drained ({q['waited_s']:.0f}s" + (f", {q['left']} request(s) cut off)" if q["left"] else ")")
             res = self.activate(name, release)
             if res["ok"]:

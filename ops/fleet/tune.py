@@ -240,19 +240,18 @@ class _Host:
 
     def step(self, command: str, args: dict, timeout: float | None = None) -> dict:
         return self.fleet.step(self.name, command, {"root": self.host.root, "unit": self.host.unit, **args},
-                                timeout=timeout)
+                               timeout=timeout)
 
     def info(self) -> dict:
-        return self.step("tune_info", {"override": ENGINE_ENV_FILE,
-                                        "record": TUNED_FILE})
+        return self.step("tune_info", {"override": ENGINE_ENV_FILE, "record": TUNED_FILE})
 
     def cpu(self) -> dict:
         return self.fleet.probe(self.name, "facts", self.host.root)
 
     def set_engine(self, engine: str | None) -> dict:
         return self.step("set_engine", {"override": ENGINE_ENV_FILE, "engine": engine,
-                                         "timeout": self.opts.ready_timeout},
-                          timeout=self.opts.ready_timeout + 180)
+                                        "timeout": self.opts.ready_timeout},
+                         timeout=self.opts.ready_timeout + 180)
 
     def latency(self, env: dict) -> list[dict]:
         addr, port = service_address(env)

@@ -25,6 +25,7 @@ SETTING_NAMES = (
     "VLFLEET_VERIFY_HASHES", "VLFLEET_SKIP_ARTIFACT_CHECK", "VLFLEET_CPUS", "VLFLEET_CPU_PLAN_FILE",
 )
 RELEASE_ID = r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$"  # what names releases/<id>
+RELEASE_ID_RULE = "use letters, digits, '.', '_' and '-' (at most 64)"
 # files on a host outside the release tree
 ENGINE_ENV_FILE = "/etc/vlfleet/engine.env"
 TUNED_FILE = "/etc/vlfleet/tuned.json"

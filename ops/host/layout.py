@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from .contract import RELEASE_ID
+from .contract import RELEASE_ID, RELEASE_ID_RULE
 from .errors import HostError
 from .system import sha256_file
 
@@ -23,7 +23,7 @@ _ID_RE = re.compile(RELEASE_ID)
 
 def check_id(release: str) -> str:
     if not _ID_RE.match(release or ""):
-        raise HostError(f"release id {release!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+        raise HostError(f"release id {release!r}: {RELEASE_ID_RULE}")
     return release
 
 

@@ -28,9 +28,6 @@ from . import client, png
 from .contract import CPU_PLAN_FILE, MODEL_CACHE_DIR, TUNED_FILE
 from .layout import parse_env
 
-describe_error = client.describe
-
-
 RUNTIME_DISTS = (("openvino", "openvino"), ("openvino-genai", "openvino_genai"),
                  ("openvino-tokenizers", "openvino_tokenizers"))
 
@@ -72,10 +69,6 @@ def _out(*command: str, stderr: bool = False) -> str:
 
 def _after_header(text: str) -> str:
     return "".join(text.splitlines(keepends=True)[1:])
-
-
-def _env_value(env_text: str, key: str) -> str:
-    return parse_env(env_text).get(key, "")
 
 
 def _df(*paths: str) -> str:
@@ -141,10 +134,6 @@ def _numa(pid: int) -> str:
     return json.dumps({"nodes": nodes, "processes": procs})
 
 
-def _cache_dir(env_text: str) -> str:
-    return _env_value(env_text, "VLFLEET_MODEL_CACHE_DIR") or MODEL_CACHE_DIR
-
-
 def _storage(root: str, cache: str) -> dict[str, str]:
     existing = cache if os.path.isdir(cache) else os.path.dirname(cache)
     return {"df_tmp": _df("/tmp", "/var/tmp"), "cache": cache + "\n", "df_models": _df(f"{root}/models"),
@@ -167,19 +156,21 @@ def snapshot(root: str, service: str) -> dict[str, str]:
     """Every fact the checklist's shell-level checks read, in one process (a TCG VM pays seconds per process spawned
     over SSH): section name -> text, as the commands named in each reader print it."""
     target, python, env = _release(root)
-    model, gguf = _env_value(env, "VLFLEET_MODEL_DIR"), _env_value(env, "VLFLEET_LLAMACPP_MODEL_DIR")
+    values = parse_env(env)
+    model, gguf = values.get("VLFLEET_MODEL_DIR"), values.get("VLFLEET_LLAMACPP_MODEL_DIR")
     pid = _main_pid(service)
-    plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or CPU_PLAN_FILE
+    plan = values.get("VLFLEET_CPU_PLAN_FILE") or CPU_PLAN_FILE
+    cache = values.get("VLFLEET_MODEL_CACHE_DIR") or MODEL_CACHE_DIR
     return {**_virt(), "flags": _first("/proc/cpuinfo", "flags"), "governors": _governors(),
             "target": target, "python": python, "env": env,
             "manifest": _read(os.path.join(model, "manifest.json")) if model else "",
             "gguf_manifest": _read(os.path.join(gguf, "manifest.json")) if gguf else "",
             "meminfo": _read("/proc/meminfo"), "swaps": _after_header(_read("/proc/swaps")),
-            **_storage(root, _cache_dir(env)), **_process(pid), "numa": _numa(pid),
+            **_storage(root, cache), **_process(pid), "numa": _numa(pid),
             "init_limits": _lines("/proc/1/limits", "Max open files"), "plan": _read(plan),
             "time": _out("timedatectl", "show", "-p", "NTP", "-p", "NTPSynchronized", stderr=True),
             "tuned": _read(TUNED_FILE),
-            **_service(service, _env_value(env, "VLFLEET_PORT"))}
+            **_service(service, values.get("VLFLEET_PORT", ""))}
 
 
 def _os_release() -> str:
@@ -193,7 +184,7 @@ def facts(root: str) -> dict[str, Any]:
     """What the fleet report shows of a host: CPU model and flags, CPUs, memory, OS, the current env and the
     launcher's core plan (texts; the report parses them)."""
     env = _read(os.path.join(root, "current", "vlfleet.env"))
-    plan = _env_value(env, "VLFLEET_CPU_PLAN_FILE") or CPU_PLAN_FILE
+    plan = parse_env(env).get("VLFLEET_CPU_PLAN_FILE") or CPU_PLAN_FILE
     return {"model": _first("/proc/cpuinfo", "model name").partition(":")[2].strip(),
             "flags": _first("/proc/cpuinfo", "flags").partition(":")[2].strip(),
             "cpus": os.sysconf("SC_NPROCESSORS_CONF"),
@@ -218,7 +209,7 @@ def runtime_versions() -> dict[str, Any]:
             importlib.import_module(module)
             row["import"] = "ok"
         except Exception as e:  # whatever the import raises is the finding
-            row["import"] = describe_error(e)
+            row["import"] = client.describe(e)
         out["dists"][dist] = row
     return out
 
@@ -256,7 +247,7 @@ def stream(host: str, port: int, model: str, first_token_s: float, total_s: floa
         out.update(status=a.status, chunks=a.chunks, chars=len(a.text), text=a.text[:200], done=a.done,
                    first_token_s=_rounded(a.first_token_s, 3), total_s=_rounded(a.total_s, 3), error=a.error)
     except Exception as e:  # the error is the answer
-        out["error"] = describe_error(e)
+        out["error"] = client.describe(e)
     return out
 
 
@@ -271,7 +262,7 @@ def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: i
     try:
         a = _chat(host, port, body, bound, bound, key)
     except Exception as e:  # one run's error is its row
-        row["error"] = describe_error(e)
+        row["error"] = client.describe(e)
         return row
     row.update(status=a.status, tokens=a.tokens or 0, total_s=_rounded(a.total_s, 4), error=a.error,
                first_token_s=_rounded(a.first_token_s, 4))

@@ -32,6 +32,7 @@ MODEL_CACHE_DIR = "/var/cache/vlfleet"  # OpenVINO's compiled-model cache (the r
 HOST_PROGRAM_DIR = "/usr/local/lib/vlfleet"  # where callers put the host program (vlfleet-host-<digest>.pyz)
 # A release id names releases/<id> on every host: a path component, so no '/', no leading '.', at most 64
 RELEASE_ID = r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$"
+RELEASE_ID_RULE = "use letters, digits, '.', '_' and '-' (at most 64)"  # what a refusal says
 FILES = ("ENGINE_ENV_FILE", "TUNED_FILE", "CPU_PLAN_FILE", "MODEL_CACHE_DIR", "HOST_PROGRAM_DIR")
 
 
@@ -51,6 +52,7 @@ def host_module() -> str:
             + f'DEFAULT_ENGINE = "{DEFAULT_ENGINE}"  # what the service runs when no env file sets VLFLEET_ENGINE\n'
             + _tuple("SETTING_NAMES", HOST_NAMES, "every VLFLEET_* name the host side reads (settings, launcher)")
             + f'RELEASE_ID = r"{RELEASE_ID}"  # what names releases/<id>\n'
+            + f'RELEASE_ID_RULE = "{RELEASE_ID_RULE}"\n'
             + "# files on a host outside the release tree\n" + files)
 
 
