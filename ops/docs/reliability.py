@@ -42,6 +42,7 @@ def _answers(answers: dict[str, list]) -> str:
     return ", ".join(f"{name} {status}" + (f" `{code}`" if code else "") for name, (status, code) in answers.items())
 
 
+# One renderer per report, prose around its figures: alike in shape by design, no logic repeated.
 def _hostile(d: dict) -> str:
     rss = ", ".join(map(str, d["rss_mib"]))
     return (f"the same answer in each of {d['rounds']} rounds: {_answers(d['answers'])}; RSS after each round "

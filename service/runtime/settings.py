@@ -29,7 +29,11 @@ class Field:
     parse: Callable[[str], Any]
     default: Any
     help: str
-    accepts: str  # what a valid value looks like, for the error message and the docs
+    accepts: str = ""  # what a valid value looks like, for the error message and the docs; "" = the parser's own
+
+    def __post_init__(self) -> None:
+        if not self.accepts:
+            object.__setattr__(self, "accepts", self.parse.accepts)
 
     @property
     def env(self) -> str:
@@ -41,21 +45,32 @@ class Field:
         return self.parse.choices if isinstance(self.parse, _Choice) else None
 
 
-def _in_range(kind: type, lo: float, hi: float) -> Callable[[str], Any]:
-    def parse(raw: str):
-        value = kind(raw)
-        if not lo <= value <= hi:
+@dataclass(frozen=True)
+class _Range:
+    """A parser for a ``kind`` number within [lo, hi]; ``what`` names the kind in messages and the docs."""
+
+    kind: type
+    lo: float
+    hi: float
+    what: str
+
+    def __call__(self, raw: str) -> Any:
+        value = self.kind(raw)
+        if not self.lo <= value <= self.hi:
             raise ValueError
         return value
-    return parse
+
+    @property
+    def accepts(self) -> str:
+        return f"{self.what} {self.lo}-{self.hi}"
 
 
-def _int_range(lo: int, hi: int) -> Callable[[str], int]:
-    return _in_range(int, lo, hi)
+def _int_range(lo: int, hi: int) -> _Range:
+    return _Range(int, lo, hi, "an integer")
 
 
-def _float_range(lo: float, hi: float) -> Callable[[str], float]:
-    return _in_range(float, lo, hi)
+def _float_range(lo: float, hi: float, what: str = "a number") -> _Range:
+    return _Range(float, lo, hi, what)
 
 
 def _bool(raw: str) -> bool:
@@ -65,6 +80,9 @@ def _bool(raw: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError
+
+
+_bool.accepts = "true or false"  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,10 @@ class _Choice:
         if raw not in self.choices:
             raise ValueError
         return raw
+
+    @property
+    def accepts(self) -> str:
+        return " or ".join(filter(None, (", ".join(self.choices[:-1]), self.choices[-1])))
 
 
 def _choice(*choices: str) -> _Choice:
@@ -93,14 +115,15 @@ def _path(raw: str) -> Path | None:
 
 MiB = 1024 * 1024
 
+# One row per setting: rows alike in shape by design (a declaration table, no logic repeated).
 FIELDS: tuple[Field, ...] = (
     Field("model_dir", _path, None, "OpenVINO model artifact directory (with manifest.json).", "a directory path"),
     Field("model_name", str, "qwen3-vl-2b-instruct", "Model id reported by /v1/models and accepted in requests.",
           "a string"),
     Field("host", str, "127.0.0.1", "Address to bind. Loopback by default: nginx is the public entry.",
           "an IP address or host name"),
-    Field("port", _int_range(1, 65535), 8000, "TCP port to listen on.", "an integer 1-65535"),
-    Field("device", _choice("CPU"), "CPU", "OpenVINO device.", "CPU"),
+    Field("port", _int_range(1, 65535), 8000, "TCP port to listen on."),
+    Field("device", _choice("CPU"), "CPU", "OpenVINO device."),
     Field("engine", _choice("direct", "serial", "batching", "llamacpp", "hybrid"), "direct",
           "direct: one request at a time over the artifact's sub-models, keeping encoded images and the "
           "conversation's KV, so a follow-up re-runs neither the vision encoder nor the earlier turns. serial: one "
@@ -111,8 +134,7 @@ FIELDS: tuple[Field, ...] = (
           "hybrid: the direct engine's OpenVINO vision tower in front of llama.cpp's language model (the GGUF "
           "artifact of VLFLEET_LLAMACPP_MODEL_DIR, in a child process): up to VLFLEET_MAX_BATCH requests at once "
           "sharing decode steps, each conversation's KV kept. "
-          "`vlfleet tune` picks per host.",
-          "direct, serial, batching, llamacpp or hybrid"),
+          "`vlfleet tune` picks per host."),
     Field("llamacpp_server", _path, None,
           "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = the "
           "one in the installed vlfleet-llama-server wheel (`vlfleet llamacpp.wheel`, shipped in the wheelhouse), "
@@ -126,82 +148,72 @@ FIELDS: tuple[Field, ...] = (
           "VLFLEET_MODEL_DIR.", "a directory path"),
     Field("llamacpp_ctx", _int_range(0, 1 << 20), 0,
           "Context size of the llamacpp engine's llama-server, in tokens (its KV cache); 0 = "
-          "VLFLEET_MAX_INPUT_TOKENS + VLFLEET_MAX_TOKENS, the longest prompt and answer accepted.",
-          "an integer 0-1048576"),
-    Field("llamacpp_start_timeout", _float_range(1, 3600), 300.0,
+          "VLFLEET_MAX_INPUT_TOKENS + VLFLEET_MAX_TOKENS, the longest prompt and answer accepted."),
+    Field("llamacpp_start_timeout", _float_range(1, 3600, "a number of seconds"), 300.0,
           "Seconds the llamacpp engine waits for its llama-server to load the model (/health 200) at start and "
-          "after a restart.", "a number of seconds 1-3600"),
+          "after a restart."),
     Field("llamacpp_restarts", _int_range(0, 100), 5,
           "Times in a row the llamacpp engine restarts a llama-server that died or would not start before it "
-          "gives up (the service then stays unready); a restart that serves resets the count.", "an integer 0-100"),
-    Field("max_batch", _int_range(1, 256), 4, "Requests generating at once (batching engine; hybrid: at most 4).",
-          "an integer 1-256"),
+          "gives up (the service then stays unready); a restart that serves resets the count."),
+    Field("max_batch", _int_range(1, 256), 4, "Requests generating at once (batching engine; hybrid: at most 4)."),
     Field("kv_cache_gb", _int_range(1, 1024), 2,
-          "KV-cache size in GiB; it also holds the prefix cache that makes follow-ups cheaper.", "an integer 1-1024"),
+          "KV-cache size in GiB; it also holds the prefix cache that makes follow-ups cheaper."),
     Field("threads", _int_range(0, 1024), 0,
-          "OpenVINO inference threads; 0 = one per CPU in the process's affinity mask (the launcher sets it).",
-          "an integer 0-1024"),
+          "OpenVINO inference threads; 0 = one per CPU in the process's affinity mask (the launcher sets it)."),
     Field("precision", _choice("auto", "bf16", "f32"), "auto",
           "Compute precision (INFERENCE_PRECISION_HINT). auto = the plugin's choice: bf16 where the CPU has it (AMX, "
           "AVX512-BF16). f32 trades the first token (image encode, prompt prefill) against decode, by how much "
           "depends on the CPU and the other settings: docs/tuning.md's \"Precision, threads, compile cache\" table "
-          "gives both against the defaults, per CPU, from the newest bench run that measured it.", "auto, bf16 or f32"),
+          "gives both against the defaults, per CPU, from the newest bench run that measured it."),
     Field("lm_precision", _choice("auto", "bf16", "f32"), "auto",
           "Compute precision of the language model alone (genai's MODEL_PROPERTIES), over VLFLEET_PRECISION: f32 "
           "here with bf16 for the vision encoder keeps the fast image encode of bf16 and gives decode the int8 "
           "dynamic-quantisation kernels, which need f32 activations (CPUs with VNNI). auto = f32 on CPUs with bf16 and "
           "VNNI when VLFLEET_PRECISION is auto (measured: results/run5-avx512-levers/bench.md), else as "
-          "VLFLEET_PRECISION.",
-          "auto, bf16 or f32"),
+          "VLFLEET_PRECISION."),
     Field("kv_precision", _choice("auto", "u8", "f16", "bf16", "f32"), "auto",
           "Precision of the language model's KV cache (KV_CACHE_PRECISION). auto = the CPU plugin's default (u8 on "
           "x86: a quarter of f32's memory and bandwidth per cached token); the bench's levers table measures the "
-          "others on its CPU.", "auto, u8, f16, bf16 or f32"),
+          "others on its CPU."),
     Field("dq_group_size", _choice("auto", "0", "32", "64", "128"), "auto",
           "Group size of the CPU plugin's dynamic quantisation (DYNAMIC_QUANTIZATION_GROUP_SIZE): activations "
           "of int4/int8 matmuls go to int8 in groups of this many values, so they run on the int8 kernels (VNNI, AMX). "
           "auto = 128 on CPUs with VNNI, the int4 conversion's own group size (the image encode and prompt prefill "
           "faster than the plugin's default 32, measured in the bench's levers table), else the plugin's default; "
-          "0 = off.", "auto, 0, 32, 64 or 128"),
+          "0 = off."),
     Field("http_threads", _int_range(2, 256), 16,
-          "gunicorn threads in the one worker process (each open SSE stream holds one).", "an integer 2-256"),
+          "gunicorn threads in the one worker process (each open SSE stream holds one)."),
     Field("queue_size", _int_range(1, 1024), 8,
-          "Requests that may wait for the inference thread; beyond it: 429 with Retry-After.",
-          "an integer 1-1024"),
-    Field("queue_timeout", _float_range(0.1, 3600), 120.0,
+          "Requests that may wait for the inference thread; beyond it: 429 with Retry-After."),
+    Field("queue_timeout", _float_range(0.1, 3600, "a number of seconds"), 120.0,
           "Seconds a request may wait for the inference thread: past that, a client is better off retrying later or "
           "on another host. A request whose estimated wait is longer gets 429 with Retry-After at once, not a 503 "
           "after the wait (the estimate: the running job's rest plus each queued job's prefill and max_tokens at the "
           "measured seconds per token; one-at-a-time engines, once an answer was timed). One that waits longer "
-          "anyway gets 503.", "a number of seconds 0.1-3600"),
+          "anyway gets 503."),
     Field("max_tokens", _int_range(1, 32768), 128,
-          "Server maximum for max_tokens/max_completion_tokens (and the default).", "an integer 1-32768"),
+          "Server maximum for max_tokens/max_completion_tokens (and the default)."),
     Field("image_max_side", _int_range(0, 8192), 448,
           "Images are downscaled so the long side is at most this many pixels (aspect kept); 0 = off. The budget "
-          "of an image sent with detail \"auto\" (or none): image tokens dominate the time to first token.",
-          "an integer 0-8192"),
+          "of an image sent with detail \"auto\" (or none): image tokens dominate the time to first token."),
     Field("image_max_side_low", _int_range(0, 8192), 224,
           "The long side of an image sent with detail \"low\": a quarter of the default's tokens, for questions "
-          "about the whole scene.", "an integer 0-8192"),
+          "about the whole scene."),
     Field("image_max_side_high", _int_range(0, 8192), 896,
           "The long side of an image sent with detail \"high\": four times the default's tokens, for reading "
-          "small text; 0 = the image as sent.", "an integer 0-8192"),
-    Field("max_images", _int_range(1, 16), 4, "Images allowed in one request.", "an integer 1-16"),
+          "small text; 0 = the image as sent."),
+    Field("max_images", _int_range(1, 16), 4, "Images allowed in one request."),
     Field("max_input_tokens", _int_range(16, 262144), 4096,
           "Largest prompt accepted, in tokens (text and images, the whole conversation): one prompt must not hold "
           "the single inference thread for minutes (prefill time grows with every token). The default holds a "
-          "long conversation with its images; the KV cache (VLFLEET_KV_CACHE_GB) holds many times that.",
-          "an integer 16-262144"),
-    Field("max_turns", _int_range(1, 1024), 32, "Most user turns in one conversation.", "an integer 1-1024"),
+          "long conversation with its images; the KV cache (VLFLEET_KV_CACHE_GB) holds many times that."),
+    Field("max_turns", _int_range(1, 1024), 32, "Most user turns in one conversation."),
     Field("max_conversation_images", _int_range(1, 256), 8,
-          "Most images in one conversation, its earlier turns included.", "an integer 1-256"),
-    Field("max_image_bytes", _int_range(1024, 512 * MiB), 10 * MiB, "Largest encoded image accepted, in bytes.",
-          "an integer 1024-536870912"),
+          "Most images in one conversation, its earlier turns included."),
+    Field("max_image_bytes", _int_range(1024, 512 * MiB), 10 * MiB, "Largest encoded image accepted, in bytes."),
     Field("max_image_pixels", _int_range(1, 1 << 30), 40_000_000,
-          "Largest decoded image accepted (width x height); guards against decompression bombs.",
-          "an integer >= 1"),
-    Field("max_body_bytes", _int_range(1024, 1 << 30), 24 * MiB, "Largest request body accepted, in bytes.",
-          "an integer >= 1024"),
+          "Largest decoded image accepted (width x height); guards against decompression bombs."),
+    Field("max_body_bytes", _int_range(1024, 1 << 30), 24 * MiB, "Largest request body accepted, in bytes."),
     Field("image_url_domains", _csv, (),
           "Comma-separated domains whose http(s) image URLs may be fetched; empty = URLs refused.",
           "comma-separated domain names"),
@@ -211,31 +223,25 @@ FIELDS: tuple[Field, ...] = (
     Field("model_cache_dir", _path, None, "OpenVINO compiled-model cache directory (faster restarts).",
           "a directory path"),
     Field("answer_cache_mb", _float_range(0, 65536), 64.0,
-          "Memory for cached answers to identical deterministic requests, in MiB; 0 = cache off.",
-          "a number 0-65536"),
+          "Memory for cached answers to identical deterministic requests, in MiB; 0 = cache off."),
     Field("image_cache_mb", _float_range(0, 65536), 256.0,
-          "Memory for encoded images kept by the direct engine, in MiB (about 6 MiB per 448x448 image at 2b).",
-          "a number 0-65536"),
-    Field("answer_cache_entries", _int_range(0, 10_000_000), 1024, "Most answers kept in the answer cache.",
-          "an integer 0-10000000"),
+          "Memory for encoded images kept by the direct engine, in MiB (about 6 MiB per 448x448 image at 2b)."),
+    Field("answer_cache_entries", _int_range(0, 10_000_000), 1024, "Most answers kept in the answer cache."),
     Field("memory_limit_mb", _int_range(0, 1 << 24), 0,
-          "Memory the process may use, in MiB, for load shedding; 0 = the unit's MemoryHigh (cgroup) if set.",
-          "an integer >= 0"),
-    Field("memory_high_water", _float_range(0.05, 1.0), 0.80,
-          "Above this share of the memory limit new requests get 503 (load shedding).", "a fraction 0.05-1.0"),
-    Field("system_memory_high_water", _float_range(0.05, 1.0), 0.95,
-          "Above this share of the host's memory in use new requests get 503 too.", "a fraction 0.05-1.0"),
-    Field("memory_low_water", _float_range(0.05, 1.0), 0.70,
-          "Below this share, requests are admitted again after shedding.", "a fraction 0.05-1.0"),
-    Field("warmup", _bool, True, "Run one generation at start before /readyz turns 200.", "true or false"),
+          "Memory the process may use, in MiB, for load shedding; 0 = the unit's MemoryHigh (cgroup) if set."),
+    Field("memory_high_water", _float_range(0.05, 1.0, "a fraction"), 0.80,
+          "Above this share of the memory limit new requests get 503 (load shedding)."),
+    Field("system_memory_high_water", _float_range(0.05, 1.0, "a fraction"), 0.95,
+          "Above this share of the host's memory in use new requests get 503 too."),
+    Field("memory_low_water", _float_range(0.05, 1.0, "a fraction"), 0.70,
+          "Below this share, requests are admitted again after shedding."),
+    Field("warmup", _bool, True, "Run one generation at start before /readyz turns 200."),
     Field("release_id", str, "", "Release this process belongs to (shown in /readyz and /metrics).", "a string"),
-    Field("log_level", _choice("debug", "info", "warning", "error"), "info", "Log level of the JSON logs.",
-          "debug, info, warning or error"),
+    Field("log_level", _choice("debug", "info", "warning", "error"), "info", "Log level of the JSON logs."),
     Field("verify_hashes", _bool, True,
-          "At start, check every model file's sha256 against the manifest (about 1 s per GB), not only sizes.",
-          "true or false"),
+          "At start, check every model file's sha256 against the manifest (about 1 s per GB), not only sizes."),
     Field("skip_artifact_check", _bool, False,
-          "Start even when the artifact's manifest checks fail (for development only).", "true or false"),
+          "Start even when the artifact's manifest checks fail (for development only)."),
 )
 
 
