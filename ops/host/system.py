@@ -20,9 +20,11 @@ def run(argv: list[str], timeout: float = 300) -> str:
     return done.stdout
 
 
-def unit_state(unit: str) -> dict[str, str]:
-    out = run(["systemctl", "show", f"{unit}.service", "-p",
-                "ActiveState,SubState,MainPID,NRestarts,ControlGroup,ExecMainStatus"])
+UNIT_STATE = "ActiveState,SubState,MainPID,NRestarts,ControlGroup,ExecMainStatus"
+
+
+def unit_state(unit: str, properties: str = UNIT_STATE) -> dict[str, str]:
+    out = run(["systemctl", "show", f"{unit}.service", "-p", properties])
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -83,24 +85,22 @@ def sha256_file(path: Path) -> str | None:
         return None
 
 
-def cgroup_pids(cgroup: str, fs: Path = Path("/sys/fs/cgroup")) -> list[str]:
-    """The processes of a unit's cgroup (its ControlGroup property)."""
-    if not cgroup:
-        return []
+def cgroup_file(cgroup: str, name: str, fs: Path = Path("/sys/fs/cgroup")) -> str | None:
+    """A file of a unit's cgroup (its ControlGroup property); None without a cgroup or the file."""
     # cgroup v2 at the root; hybrid layouts (some containers) keep the unit's processes under unified/ or systemd/
-    for base in (fs, fs / "unified", fs / "systemd"):
+    for base in (fs, fs / "unified", fs / "systemd") if cgroup else ():
         try:
-            return (base / cgroup.lstrip("/") / "cgroup.procs").read_text().split()
+            return (base / cgroup.lstrip("/") / name).read_text()
         except OSError:
             continue
-    return []
+    return None
 
 
 def cgroup_rss(cgroup: str, fs: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc"),
                field: str = "VmRSS:") -> int | None:
     """Sum of VmRSS (or another /proc/PID/status field in kB, e.g. VmHWM: the peak) over the unit's processes (the
     gunicorn master, its worker, and a llama-server child when there is one)."""
-    pids = cgroup_pids(cgroup, fs)
+    pids = (cgroup_file(cgroup, "cgroup.procs", fs) or "").split()
     if not pids:
         return None
     total = 0

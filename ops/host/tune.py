@@ -12,7 +12,7 @@ from .contract import DEFAULT_ENGINE, ENGINES
 from .errors import HostError
 from .gate import wait_ready
 from .layout import link_target, read_env, service_address
-from .system import cgroup_rss, read_json, restart_unit, run, unit_state, write_atomic
+from .system import cgroup_file, cgroup_rss, read_json, restart_unit, unit_state, write_atomic
 
 # Where the release wheelhouse's vlfleet-llama-server wheel (ops/llamacpp/wheel.py) puts llama-server in the venv.
 RUNTIME_GLOB = "lib/python3*/site-packages/vlfleet_llama_server/bin/llama-server"
@@ -29,8 +29,7 @@ def tune_info(args: dict) -> dict:
     root = Path(args["root"])
     env = read_env(root / "current" / "vlfleet.env")
     override = Path(args["override"])
-    props = run(["systemctl", "show", f"{args.get('unit', 'vlfleet')}.service", "-p", "MemoryHigh,MemoryMax"])
-    limits = dict(line.split("=", 1) for line in props.splitlines() if "=" in line)
+    limits = unit_state(args.get("unit", "vlfleet"), "MemoryHigh,MemoryMax")
     mem_total = next((int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemTotal:")), None)
     return {"release": link_target(root / "current"), "env": env,
@@ -84,17 +83,10 @@ def set_engine(args: dict) -> dict:
 def peak(args: dict) -> dict:
     """Peak memory of the running service: the sum of its processes' VmHWM (the high-water RSS since each started),
     and the cgroup's memory.peak (page cache included) where the kernel has it."""
-    state = unit_state(args.get("unit", "vlfleet"))
-    cgroup = state.get("ControlGroup") or ""
-    cg_peak = None
-    for base in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
-        try:
-            cg_peak = int((base / cgroup.lstrip("/") / "memory.peak").read_text())
-            break
-        except (OSError, ValueError):
-            continue
+    cgroup = unit_state(args.get("unit", "vlfleet")).get("ControlGroup") or ""
+    cg_peak = (cgroup_file(cgroup, "memory.peak") or "").strip()
     return {"peak_rss_bytes": cgroup_rss(cgroup, field="VmHWM:"), "rss_bytes": cgroup_rss(cgroup),
-            "cgroup_peak_bytes": cg_peak}
+            "cgroup_peak_bytes": int(cg_peak) if cg_peak.isdigit() else None}
 
 
 def write_record(args: dict) -> dict:
