@@ -148,11 +148,6 @@ def _read_stream(answer: Answer, events: Events, on_text: Callable[[str], None] 
         answer.text, answer.done = "".join(pieces), events.done
 
 
-def _connection(url: str, timeout: float) -> http.client.HTTPConnection:
-    parts = urllib.parse.urlsplit(url)
-    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-
-
 def chat(url: str, body: dict, timeout: float = 600, bound: float | None = None, key: str | None = None,
          headers: dict[str, str] | None = None, on_text: Callable[[str], None] | None = None) -> Answer:
     """POST ``body`` to ``url``'s /v1/chat/completions on a fresh connection (like a browser tab: no keepalive to
@@ -163,7 +158,8 @@ def chat(url: str, body: dict, timeout: float = 600, bound: float | None = None,
     sent = {"Content-Type": "application/json", "Accept": "text/event-stream" if body.get("stream") else
             "application/json", **({"Authorization": "Bearer " + key} if key else {}), **(headers or {})}
     started = time.perf_counter()
-    conn = _connection(url, timeout)
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
         conn.request("POST", CHAT_PATH, json.dumps(body), sent)
         resp = conn.getresponse()

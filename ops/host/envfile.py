@@ -43,13 +43,8 @@ def _unknown_setting(name: str) -> str:
 
 def merged_env(base: dict[str, str], changes: dict) -> dict[str, str]:
     """``base`` with ``changes`` applied: a value replaces, an empty one (or null) removes the setting."""
-    merged = dict(base)
-    for name, value in changes.items():
-        if value is None or value == "":
-            merged.pop(name, None)
-        else:
-            merged[name] = str(value)
-    return merged
+    removed = {name for name, value in changes.items() if value is None or value == ""}
+    return {name: str(value) for name, value in {**base, **changes}.items() if name not in removed}
 
 
 def env_changes(running: dict[str, str], written: dict[str, str]) -> dict[str, dict]:
@@ -78,12 +73,10 @@ def write_env(args: dict) -> dict:
     check = flag(args, "check")
     try:
         gid = group_id(args.get("group", "vlfleet"))
+        if not rel.is_dir():
+            raise HostError(f"release {release} is not on this host: make its venv first")
     except HostError:
-        if check:  # the group comes with the converge this check previews
+        if check:  # the group and the release come with the converge this check previews
             return {"changed": True, **answer}
         raise
-    if not rel.is_dir():
-        if check:
-            return {"changed": True, **answer}
-        raise HostError(f"release {release} is not on this host: make its venv first")
     return {"changed": write_atomic(rel / "vlfleet.env", data, 0o640, gid, check), **answer}

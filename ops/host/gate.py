@@ -61,13 +61,13 @@ def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: 
 
 
 def gate(root: Path, unit: str, release: str | None, timeout: float, since: float | None, restarts: int,
-         poll: float = 1.0, smoke_answer: bool = True) -> dict:
+         smoke_answer: bool = True) -> dict:
     """Wait (bounded) for /readyz 200 naming ``release``, then a smoke answer; fail fast when the unit crashes."""
     env = read_env(root / "current" / "vlfleet.env")
     addr = service_address(env)
     deadline = time.monotonic() + timeout
     ready = wait_ready(addr, unit, lambda body: release is None or body.get("release_id") == release, timeout, since,
-                       restarts, poll)
+                       restarts)
     if not ready["ok"] or not smoke_answer:
         return ready
     result = smoke(addr, timeout=max(30.0, deadline - time.monotonic()), key=client.api_key(env))
@@ -121,17 +121,14 @@ def established_clients(port: int, proc: Path = Path("/proc/net")) -> int:
         except OSError:
             continue
         for line in lines:
-            fields = line.split()
-            local, remote, state = fields[1], fields[2], fields[3]
-            if state != "01" or int(local.rsplit(":", 1)[1], 16) != port:
-                continue
-            if _is_loopback_hex(remote.rsplit(":", 1)[0]):
-                continue
-            count += 1
+            local, remote, state = line.split()[1:4]
+            if state == "01" and int(local.rsplit(":", 1)[1], 16) == port and not _is_loopback_hex(remote):
+                count += 1
     return count
 
 
-def _is_loopback_hex(addr: str) -> bool:
+def _is_loopback_hex(addr_port: str) -> bool:
+    addr = addr_port.rsplit(":", 1)[0]
     if len(addr) == 8:  # IPv4, little-endian: 127.x.x.x has 7F as its last byte
         return addr[6:8] == "7F"
     # IPv6 ::1, or an IPv4-mapped ::ffff:127.x.x.x

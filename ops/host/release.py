@@ -17,18 +17,15 @@ from .system import run, sha256_file
 
 def describe(args: dict) -> dict:
     root = Path(args["root"])
-    releases = []
-    rel_dir = root / "releases"
-    for d in sorted(rel_dir.iterdir() if rel_dir.is_dir() else [], key=lambda p: p.stat().st_mtime):
-        if d.is_dir():
-            releases.append({"id": d.name, "complete": (d / "venv" / COMPLETE).is_file(),
-                             "wheelhouse_sha": wheelhouse_sha(root, d.name), "mtime": d.stat().st_mtime})
+    rel_dir, models_dir = root / "releases", root / "models"
+    entries = sorted(rel_dir.iterdir() if rel_dir.is_dir() else [], key=lambda p: p.stat().st_mtime)
     current = link_target(root / "current")
-    models_dir = root / "models"
     return {
         "current": current,
         "previous": link_target(root / "previous"),
-        "releases": releases,
+        "releases": [{"id": d.name, "complete": (d / "venv" / COMPLETE).is_file(),
+                      "wheelhouse_sha": wheelhouse_sha(root, d.name), "mtime": d.stat().st_mtime}
+                     for d in entries if d.is_dir()],
         "env": read_env(root / "releases" / current / "vlfleet.env") if current else {},
         "models": sorted(p.name for p in models_dir.iterdir() if (p / "manifest.json").is_file())
         if models_dir.is_dir() else [],
@@ -45,14 +42,14 @@ def venv(args: dict) -> dict:
     if (env_dir / COMPLETE).is_file():
         return {"changed": False, "complete": True, "release": release, "venv": "kept"}
     source = args.get("venv_from")
-    build = bool(source or args.get("wheelhouse") or args.get("wheelhouse_tar"))
+    wheelhouse = args.get("wheelhouse") or args.get("wheelhouse_tar")
     if flag(args, "check"):
         return {"changed": True, "complete": False, "release": release, "venv": "to be made"}
     started = time.monotonic()
     created = not rel.is_dir()
     rel.mkdir(parents=True, exist_ok=True)
     os.chmod(rel, 0o755)
-    if not build and flag(args, "prepare"):  # the roles: the directory the wheelhouse archive is sent to
+    if not (source or wheelhouse) and flag(args, "prepare"):  # the roles: where the wheelhouse archive is sent
         return {"changed": created, "complete": False, "release": release, "venv": "to be built"}
     shutil.rmtree(env_dir, ignore_errors=True)  # a half-made venv from an interrupted attempt
     if source:
@@ -64,7 +61,7 @@ def venv(args: dict) -> dict:
         run(["cp", "-al", str(src), str(env_dir)])
         sha = wheelhouse_sha(root, source)
         how = f"copied from {source}"
-    elif args.get("wheelhouse") or args.get("wheelhouse_tar"):
+    elif wheelhouse:
         sha = _build_venv(rel, args)
         how = "built from the wheelhouse"
     else:
@@ -105,9 +102,7 @@ def stage(args: dict) -> dict:
     ``settings``, as `env`). What `vlfleet rollout` does first on a host."""
     started = time.monotonic()
     made = venv(args)
-    env_changed = False
-    if args.get("changes") is not None or args.get("settings") is not None:
-        env_changed = write_env(args)["changed"]
+    env_changed = (args.get("changes") is not None or args.get("settings") is not None) and write_env(args)["changed"]
     return {"release": made["release"], "venv": made["venv"], "env_changed": env_changed,
             "changed": made["changed"] or env_changed, "seconds": round(time.monotonic() - started, 1)}
 
