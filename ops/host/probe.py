@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -51,18 +52,14 @@ def _first(path: str, prefix: str) -> str:
     return next(iter(_lines(path, prefix).splitlines()), "")
 
 
-def _cmd(*command: str, stderr: bool = False) -> subprocess.CompletedProcess:
-    """A command's result; a missing command reads as exit 127 with no output, as in a shell."""
+def _out(*command: str, stderr: bool = False) -> str:
+    """A command's output; a missing command reads as no output, as in a shell."""
     try:
         return subprocess.run(command, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL, text=True, errors="replace",
-                              timeout=60, check=False)
+                              timeout=60, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return subprocess.CompletedProcess(command, 127, "", None)
-
-
-def _out(*command: str, stderr: bool = False) -> str:
-    return _cmd(*command, stderr=stderr).stdout
+        return ""
 
 
 def _after_header(text: str) -> str:
@@ -76,21 +73,16 @@ def _df(*paths: str) -> str:
 
 def _release(root: str) -> tuple[str, str, str]:
     """``root``/current resolved (or ""), its venv python when executable (or ""), its env file's text."""
-    current = os.path.realpath(os.path.join(root, "current"))
-    target = current if os.path.exists(current) else ""
-    python = os.path.join(target, "venv", "bin", "python") if target else ""
-    python = python if python and os.access(python, os.X_OK) else ""
-    return target, python, _read(os.path.join(target, "vlfleet.env")) if target else ""
+    target = os.path.realpath(os.path.join(root, "current"))
+    if not os.path.exists(target):
+        return "", "", ""
+    python = os.path.join(target, "venv", "bin", "python")
+    return target, python if os.access(python, os.X_OK) else "", _read(os.path.join(target, "vlfleet.env"))
 
 
 def _governors() -> str:
     paths = sorted(glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"))
     return "".join(f"{path}:{line}\n" for path in paths for line in _read(path).splitlines() if line)
-
-
-def _main_pid(service: str) -> int:
-    pid = _out("systemctl", "show", "-p", "MainPID", "--value", f"{service}.service").strip()
-    return int(pid) if pid.isdigit() else 0
 
 
 def _descendants(pid: int) -> list[int]:
@@ -114,16 +106,14 @@ def _numa(pid: int) -> str:
     for p in _descendants(pid) if pid > 0 else []:
         cpus = {_first(f, "Cpus_allowed_list:").partition(":")[2].strip()
                 for f in glob.glob(f"/proc/{p}/task/*/status")}
-        policies: dict[str, int] = {}
-        for line in _read(f"/proc/{p}/numa_maps").splitlines():
-            fields = line.split()
-            if len(fields) > 1:
-                policies[fields[1]] = policies.get(fields[1], 0) + 1
+        maps = (line.split() for line in _read(f"/proc/{p}/numa_maps").splitlines())
+        policies = Counter(fields[1] for fields in maps if len(fields) > 1)
         procs[str(p)] = {"cpus": sorted(cpus - {""}), "policies": policies}
     return json.dumps({"nodes": nodes, "processes": procs})
 
 
 def _service(service: str, port: str) -> dict[str, str]:
+    """The unit's properties (its MainPID among them), what listens on ``port``, the journal when it is not active."""
     active = _out("systemctl", "is-active", f"{service}.service").strip() == "active"
     journal = "" if active else _out("journalctl", "-u", f"{service}.service", "-n", "5", "--no-pager", "-o", "cat")
     return {"unit": _out("systemctl", "show", f"{service}.service", "-p", UNIT_PROPERTIES),
@@ -136,10 +126,13 @@ def snapshot(root: str, service: str) -> dict[str, str]:
     target, python, env = _release(root)
     values = parse_env(env)
     model, gguf = values.get("VLFLEET_MODEL_DIR"), values.get("VLFLEET_LLAMACPP_MODEL_DIR")
-    pid = _main_pid(service)  # 0 when it does not run: there is no /proc/0
+    unit = _service(service, values.get("VLFLEET_PORT", ""))  # one systemctl show: a process costs seconds on TCG
+    main_pid = parse_env(unit["unit"]).get("MainPID", "")
+    pid = int(main_pid) if main_pid.isdigit() else 0  # 0 when it does not run: there is no /proc/0
     plan = values.get("VLFLEET_CPU_PLAN_FILE") or CPU_PLAN_FILE
     cache = values.get("VLFLEET_MODEL_CACHE_DIR") or MODEL_CACHE_DIR
-    container = _cmd("systemd-detect-virt", "--container").returncode == 0
+    # --container prints the container's kind, or "none" (and fails) outside one
+    container = _out("systemd-detect-virt", "--container").strip() not in ("", "none")
     return {"virt": _out("systemd-detect-virt"), "container": "yes" if container else "no",
             "flags": _first("/proc/cpuinfo", "flags"), "governors": _governors(),
             "target": target, "python": python, "env": env,
@@ -152,8 +145,7 @@ def snapshot(root: str, service: str) -> dict[str, str]:
             "pid_status": _lines(f"/proc/{pid}/status", "VmRSS:", "Cpus_allowed_list:"), "numa": _numa(pid),
             "init_limits": _lines("/proc/1/limits", "Max open files"), "plan": _read(plan),
             "time": _out("timedatectl", "show", "-p", "NTP", "-p", "NTPSynchronized", stderr=True),
-            "tuned": _read(TUNED_FILE),
-            **_service(service, values.get("VLFLEET_PORT", ""))}
+            "tuned": _read(TUNED_FILE), **unit}
 
 
 def facts(root: str) -> dict[str, Any]:
@@ -177,17 +169,16 @@ def runtime_versions() -> dict[str, Any]:
 
     out: dict[str, Any] = {"python": platform.python_version(), "dists": {}}
     for dist, module in RUNTIME_DISTS:
-        row: dict[str, Any] = {}
         try:
-            row["version"] = md.version(dist)
+            version = md.version(dist)
         except md.PackageNotFoundError:
-            row["version"] = None
+            version = None
         try:
             importlib.import_module(module)
-            row["import"] = "ok"
+            imported = "ok"
         except Exception as e:  # whatever the import raises is the finding
-            row["import"] = client.describe(e)
-        out["dists"][dist] = row
+            imported = client.describe(e)
+        out["dists"][dist] = {"version": version, "import": imported}
     return out
 
 
