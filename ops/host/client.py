@@ -128,8 +128,7 @@ def _read_stream(answer: Answer, events: Events, on_text: Callable[[str], None] 
     pieces: list[str] = []
     try:
         for event in events:
-            if event.get("usage"):
-                answer.usage = event["usage"]
+            answer.usage = event.get("usage") or answer.usage
             answer.timings = server_timings(event) or answer.timings
             for choice in event.get("choices") or ():
                 piece = (choice.get("delta") or {}).get("content")
@@ -238,12 +237,6 @@ def readyz(url: str, timeout: float = 15) -> dict[str, Any]:
 LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason: the engine will not retry
 
 
-def _given_up(body: Any) -> bool:
-    """The engine says it will not turn ready (/readyz "failed"; a release from before that field names the load)."""
-    return isinstance(body, dict) and (body.get("failed") is True
-                                       or str(body.get("reason", "")).startswith(LOAD_FAILED))
-
-
 def wait_ready(url: str, timeout: float, interval: float = 0.25, alive: Callable[[], str | None] | None = None,
                accept: Callable[[dict], bool] | None = None) -> tuple[float, dict]:
     """Wait (bounded) for ``url``/readyz to answer 200 with a body ``accept`` takes (any, without it): the seconds it
@@ -257,7 +250,8 @@ def wait_ready(url: str, timeout: float, interval: float = 0.25, alive: Callable
         body = last["body"] if isinstance(last["body"], dict) else {}
         if last["status"] == 200 and (accept is None or accept(body)):
             return time.monotonic() - started, body
-        if _given_up(body):  # it will not turn ready: no use waiting
+        # the engine says it will not turn ready (a release from before /readyz "failed" names the load): no use waiting
+        if body.get("failed") is True or str(body.get("reason", "")).startswith(LOAD_FAILED):
             raise NotReady(f"{url} will not become ready: {body.get('reason')}")
         if time.monotonic() - started + interval > timeout:
             seen = last["error"] or f"HTTP {last['status']}: {json.dumps(last['body'])[:200]}"

@@ -19,9 +19,7 @@ SMOKE_IMAGE = png.solid(64, 64, (128, 128, 128))  # the smoke request goes throu
 def readyz(addr: tuple[str, int]) -> tuple[int, dict]:
     """/readyz of the service at ``addr``: (status, body); (0, {"reason": ...}) when it did not answer."""
     got = client.readyz(client.base_url(*addr) + "/readyz", timeout=5)
-    body = got["body"]
-    if not isinstance(body, dict):
-        body = {"reason": got["error"] or str(body)[:300]}
+    body = got["body"] if isinstance(got["body"], dict) else {"reason": got["error"] or str(got["body"])[:300]}
     return got["status"] or 0, body
 
 
@@ -83,12 +81,10 @@ def activate(args: dict) -> dict:
     unit = args.get("unit", "vlfleet")
     release = args.get("release")
     old = switch(root, release) if release else link_target(root / "current")
-    since = time.time()
-    restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
+    since, restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
     result = gate(root, unit, release or link_target(root / "current"), float(args.get("timeout", 600)), since,
                   restarts)
-    result.update({"release": link_target(root / "current"), "from": old})
-    return result
+    return {**result, "release": link_target(root / "current"), "from": old}
 
 
 def gate_step(args: dict) -> dict:
@@ -137,8 +133,7 @@ def _is_loopback_hex(addr_port: str) -> bool:
 
 def quiesce(args: dict) -> dict:
     """After the lb stopped sending new requests: wait (bounded) until the requests in flight have finished."""
-    root = Path(args["root"])
-    addr = service_address(read_env(root / "current" / "vlfleet.env"))
+    addr = service_address(read_env(Path(args["root"]) / "current" / "vlfleet.env"))
     timeout = float(args.get("timeout", 60))
     started = time.monotonic()
     left = -1

@@ -85,9 +85,8 @@ def _build_venv(rel: Path, args: dict) -> str | None:
     req = wh / "requirements.txt"
     if not req.is_file():
         raise HostError(f"no wheelhouse at {wh} (requirements.txt missing)")
-    python = args.get("python") or "/usr/bin/python3"
     env_dir = rel / "venv"
-    run([python, "-m", "venv", str(env_dir)])
+    run([args.get("python") or "/usr/bin/python3", "-m", "venv", str(env_dir)])
     run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--no-cache-dir",
           "--disable-pip-version-check", "--find-links", str(wh), "--require-hashes", "-r", str(req)], timeout=1800)
     sha = sha256_file(req)
@@ -128,9 +127,7 @@ def place(args: dict) -> dict:
             raise HostError(f"the copy of {dest.name} does not match its manifest: "
                             f"{(done.stdout + done.stderr).strip()[-600:]}. Check the controller's copy "
                             "(`vlfleet model.verify DIR`), then send it again")
-        run(["chmod", "-R", "a-w,a+rX", str(src)])
-    else:
-        run(["chmod", "-R", "go-w,a+rX", str(src)])
+    run(["chmod", "-R", "a-w,a+rX" if args.get("verify_with") else "go-w,a+rX", str(src)])  # an artifact: read-only
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.rename(src, dest)
     return {"placed": True, "dest": str(dest)}

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,14 @@ def journal_tail(unit: str, since: float | None = None, lines: int = 25) -> list
     return done.stdout.splitlines()[-lines:]
 
 
-def restart_unit(unit: str, stop_timeout: float = 120) -> int:
-    """Restart the unit (clearing a start limit first); its restart count after, for telling a crash loop."""
+def restart_unit(unit: str, stop_timeout: float) -> tuple[float, int]:
+    """Restart the unit (clearing a start limit first): when (its journal from then on is this start's) and its
+    restart count after, for telling a crash loop."""
+    since = time.time()
     # A crash-looping release may have hit the unit's start limit; a deliberate restart must not be refused.
     subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, timeout=30)
     run(["systemctl", "restart", f"{unit}.service"], timeout=stop_timeout)
-    return int(unit_state(unit).get("NRestarts") or 0)
+    return since, int(unit_state(unit).get("NRestarts") or 0)
 
 
 def write_atomic(path: Path, data: bytes, mode: int, gid: int = 0, check: bool = False) -> bool:

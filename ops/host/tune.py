@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 from .contract import DEFAULT_ENGINE, ENGINES
@@ -62,22 +61,15 @@ def set_engine(args: dict) -> dict:
     restart, and wait (bounded) for /readyz 200 reporting that engine."""
     root = Path(args["root"])
     unit = args.get("unit", "vlfleet")
-    override = Path(args["override"])
     engine = args.get("engine")
-    if engine:
-        override.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(override, override_text(engine).encode(), 0o644)
-    else:
-        override.unlink(missing_ok=True)
+    _write_or_remove(Path(args["override"]), override_text(engine) if engine else None)
     env = read_env(root / "current" / "vlfleet.env")
     expected = engine or env.get("VLFLEET_ENGINE") or DEFAULT_ENGINE
-    since = time.time()
-    restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
+    since, restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
     # A release from before /readyz named its engine says nothing: take its word that it runs what it was told.
     result = wait_ready(service_address(env), unit, lambda body: body.get("engine", expected) == expected,
                         float(args.get("timeout", 600)), since, restarts)
-    result["engine"] = expected
-    return result
+    return {**result, "engine": expected}
 
 
 def peak(args: dict) -> dict:
@@ -91,10 +83,15 @@ def peak(args: dict) -> dict:
 
 def write_record(args: dict) -> dict:
     """Write tune's record (JSON, world-readable: it holds no secret); ``record`` None removes it."""
-    path = Path(args["path"])
-    if args.get("record") is None:
+    record = args.get("record")
+    _write_or_remove(Path(args["path"]), None if record is None else json.dumps(record, indent=1) + "\n")
+    return {"written": record is not None}
+
+
+def _write_or_remove(path: Path, text: str | None) -> None:
+    """Write ``path`` (root's, world-readable) or, with no ``text``, remove it."""
+    if text is None:
         path.unlink(missing_ok=True)
-        return {"written": False}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, (json.dumps(args["record"], indent=1) + "\n").encode(), 0o644)
-    return {"written": True}
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text.encode(), 0o644)
