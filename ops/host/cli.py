@@ -22,8 +22,7 @@ STEPS = {
     "venv": release.venv, "env": write_env, "switch": release.switch_step, "gate": gate.gate_step,
     "prune": release.prune, "stage": release.stage, "activate": gate.activate,
     # fleet operations
-    "describe": release.describe, "place": release.place, "quiesce": gate.quiesce, "status": status.status,
-    "lb": lb.lb,
+    "describe": release.describe, "place": release.place, "quiesce": gate.quiesce, "status": status.status, "lb": lb.lb,
     # `vlfleet tune`
     "tune_info": tune.tune_info, "set_engine": tune.set_engine, "peak": tune.peak, "write_record": tune.write_record,
 }
@@ -46,20 +45,17 @@ def _step(name: str, argv: list[str]) -> int:
         return _answer({"error": f"{' '.join(map(str, e.cmd))[:80]} timed out after {e.timeout:.0f} s"}, 1)
 
 
-def _probe(name: str, argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    name, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if name in STEPS:
+        return _step(name, rest)
+    if name not in probe.COMMANDS:
+        return _answer({"error": f"usage: vlfleet-host.pyz {{{','.join([*STEPS, *probe.COMMANDS])}}} ARGS"}, 2)
     try:
-        result = probe.COMMANDS[name](argv)
-    except (IndexError, ValueError):
+        result = probe.COMMANDS[name](rest)
+    except (IndexError, ValueError):  # too few positional arguments, or one that is not a number
         return _answer({"error": f"usage: {name} ARGS (see ops/host/probe.py)"}, 2)
     return _answer(result)
-
-
-def main(argv: list[str]) -> int:
-    if argv and argv[0] in STEPS:
-        return _step(argv[0], argv[1:])
-    if argv and argv[0] in probe.COMMANDS:
-        return _probe(argv[0], argv[1:])
-    return _answer({"error": f"usage: vlfleet-host.pyz {{{','.join([*STEPS, *probe.COMMANDS])}}} ARGS"}, 2)
 
 
 def run() -> None:

@@ -31,6 +31,7 @@ from .layout import parse_env
 
 RUNTIME_DISTS = (("openvino", "openvino"), ("openvino-genai", "openvino_genai"),
                  ("openvino-tokenizers", "openvino_tokenizers"))
+LATENCY_IMAGE = (416, 277)  # a typical photo's budget after downscaling: image tokens dominate the first token
 UNIT_PROPERTIES = "ActiveState,SubState,Result,UnitFileState,MainPID,Restart,RestartUSec,LimitNOFILE,DropInPaths," \
                   "NRestarts"
 
@@ -55,9 +56,8 @@ def _first(path: str, prefix: str) -> str:
 def _out(*command: str, stderr: bool = False) -> str:
     """A command's output; a missing command reads as no output, as in a shell."""
     try:
-        return subprocess.run(command, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL, text=True, errors="replace",
-                              timeout=60, check=False).stdout
+        return subprocess.run(command, stdout=subprocess.PIPE, text=True, errors="replace", timeout=60, check=False,
+                              stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
@@ -78,11 +78,6 @@ def _release(root: str) -> tuple[str, str, str]:
         return "", "", ""
     python = os.path.join(target, "venv", "bin", "python")
     return target, python if os.access(python, os.X_OK) else "", _read(os.path.join(target, "vlfleet.env"))
-
-
-def _governors() -> str:
-    paths = sorted(glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"))
-    return "".join(f"{path}:{line}\n" for path in paths for line in _read(path).splitlines() if line)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -113,7 +108,6 @@ def _numa(pid: int) -> str:
 
 
 def _service(service: str, port: str) -> dict[str, str]:
-    """The unit's properties (its MainPID among them), what listens on ``port``, the journal when it is not active."""
     active = _out("systemctl", "is-active", f"{service}.service").strip() == "active"
     journal = "" if active else _out("journalctl", "-u", f"{service}.service", "-n", "5", "--no-pager", "-o", "cat")
     return {"unit": _out("systemctl", "show", f"{service}.service", "-p", UNIT_PROPERTIES),
@@ -133,9 +127,10 @@ def snapshot(root: str, service: str) -> dict[str, str]:
     cache = values.get("VLFLEET_MODEL_CACHE_DIR") or MODEL_CACHE_DIR
     # --container prints the container's kind, or "none" (and fails) outside one
     container = _out("systemd-detect-virt", "--container").strip() not in ("", "none")
+    governors = sorted(glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"))
     return {"virt": _out("systemd-detect-virt"), "container": "yes" if container else "no",
-            "flags": _first("/proc/cpuinfo", "flags"), "governors": _governors(),
-            "target": target, "python": python, "env": env,
+            "flags": _first("/proc/cpuinfo", "flags"), "target": target, "python": python, "env": env,
+            "governors": "".join(f"{p}:{line}\n" for p in governors for line in _read(p).splitlines() if line),
             "manifest": _read(os.path.join(model, "manifest.json")) if model else "",
             "gguf_manifest": _read(os.path.join(gguf, "manifest.json")) if gguf else "",
             "meminfo": _read("/proc/meminfo"), "swaps": _after_header(_read("/proc/swaps")),
@@ -188,7 +183,6 @@ def _rounded(seconds: float | None, digits: int) -> float | None:
 
 def _ask(host: str, port: int, key: str | None, image: bytes, question: str, timeout: float, bound: float,
          **body: Any) -> client.Answer:
-    """One streamed question about ``image`` at temperature 0, ``body`` the rest of the request."""
     messages = [client.user_turn(client.data_url(image), question)]
     return client.chat(client.base_url(host, port), {"stream": True, "temperature": 0, **body, "messages": messages},
                        timeout, bound, key)
@@ -208,9 +202,6 @@ def stream(host: str, port: int, model: str, first_token_s: float, total_s: floa
     except Exception as e:  # the error is the answer
         a = client.Answer(error=client.describe(e))
     return {**_row(a, 3), "chunks": a.chunks, "chars": len(a.text), "text": a.text[:200], "done": a.done}
-
-
-LATENCY_IMAGE = (416, 277)  # a typical photo's budget after downscaling: image tokens dominate the first token
 
 
 def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_file: str = "",
