@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-CHAT_PATH = "/v1/chat/completions"
 MAX_LINES = 100_000  # SSE lines one answer may take: a stream that never ends is an error, not a hang
+LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason: the engine will not retry
 
 
 class ChatError(RuntimeError):
@@ -160,7 +160,7 @@ def chat(url: str, body: dict, timeout: float = 600, bound: float | None = None,
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
-        conn.request("POST", CHAT_PATH, json.dumps(body), sent)
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), sent)
         resp = conn.getresponse()
         answer.status, answer.headers = resp.status, dict(resp.getheaders())
         if resp.status != 200:
@@ -193,8 +193,7 @@ def first_key(keys_file: str | None) -> str | None:
     if not keys_file:
         return None
     with open(keys_file) as f:
-        keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-    return keys[0] if keys else None
+        return next((line.strip() for line in f if line.strip() and not line.startswith("#")), None)
 
 
 def api_key(env: dict[str, str]) -> str | None:
@@ -232,9 +231,6 @@ def readyz(url: str, timeout: float = 15) -> dict[str, Any]:
         return {"status": e.code, "body": body, "error": None}
     except Exception as e:  # the error is the answer
         return {"status": None, "body": None, "error": describe(e)}
-
-
-LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason: the engine will not retry
 
 
 def wait_ready(url: str, timeout: float, interval: float = 0.25, alive: Callable[[], str | None] | None = None,

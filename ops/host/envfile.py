@@ -14,8 +14,6 @@ ENV_HEADER = ("# Managed by vlfleet (the env step of the host program, ops/host/
               "# `vlfleet rollout` run); local changes are overwritten.\n"
               "# Service settings (service/runtime/settings.py documents every VLFLEET_* variable). Read by systemd "
               "(EnvironmentFile=).\n")
-
-
 _ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
@@ -28,8 +26,7 @@ def env_text(settings: dict) -> str:
         if not _ENV_NAME_RE.match(name) or "\n" in text:
             raise HostError(f"env file: {name}={text!r} is not a NAME=value line (capitals, digits, '_'; one line)")
         lines.append(f"{name}={text}\n")
-    unknown = [name for name in sorted(settings) if name.startswith("VLFLEET_") and name not in SETTING_NAMES]
-    if unknown:
+    if unknown := [name for name in sorted(settings) if name.startswith("VLFLEET_") and name not in SETTING_NAMES]:
         raise HostError("env file: " + "; ".join(_unknown_setting(name) for name in unknown)
                          + ". Nothing on the host reads it and the service refuses to start on it: fix the name or "
                            "remove it (vlm_service_extra_env; `vlfleet rollout --env NAME=` removes one)")

@@ -94,10 +94,9 @@ def gate_step(args: dict) -> dict:
     root = Path(args["root"])
     unit = args.get("unit", "vlfleet")
     check = flag(args, "check")
-    release = None if check else args.get("release")
     timeout = float(args.get("timeout", 600))
     restarts = int(unit_state(unit).get("NRestarts") or 0)
-    result = gate(root, unit, release, timeout, None, restarts, smoke_answer=not check)
+    result = gate(root, unit, None if check else args.get("release"), timeout, None, restarts, smoke_answer=not check)
     if not result["ok"]:
         journal = "\n".join(result.get("journal") or journal_tail(unit, lines=40))
         raise HostError(f"{unit} did not pass its start gate within {timeout:.0f} s: {result['reason']}\n"
@@ -138,9 +137,8 @@ def quiesce(args: dict) -> dict:
     started = time.monotonic()
     left = -1
     while time.monotonic() - started < timeout:
-        left = established_clients(addr[1])
-        _status, body = readyz(addr)
-        left = max(left, int(body.get("queue_depth") or 0))
+        # in flight: the lb's open connections, or the service's queue when it counts more
+        left = max(established_clients(addr[1]), int(readyz(addr)[1].get("queue_depth") or 0))
         if left == 0:
             break
         time.sleep(0.5)

@@ -20,16 +20,13 @@ def describe(args: dict) -> dict:
     rel_dir, models_dir = root / "releases", root / "models"
     entries = sorted(rel_dir.iterdir() if rel_dir.is_dir() else [], key=lambda p: p.stat().st_mtime)
     current = link_target(root / "current")
-    return {
-        "current": current,
-        "previous": link_target(root / "previous"),
-        "releases": [{"id": d.name, "complete": (d / "venv" / COMPLETE).is_file(),
-                      "wheelhouse_sha": wheelhouse_sha(root, d.name), "mtime": d.stat().st_mtime}
-                     for d in entries if d.is_dir()],
-        "env": read_env(root / "releases" / current / "vlfleet.env") if current else {},
-        "models": sorted(p.name for p in models_dir.iterdir() if (p / "manifest.json").is_file())
-        if models_dir.is_dir() else [],
-    }
+    return {"current": current, "previous": link_target(root / "previous"),
+            "releases": [{"id": d.name, "complete": (d / "venv" / COMPLETE).is_file(),
+                          "wheelhouse_sha": wheelhouse_sha(root, d.name), "mtime": d.stat().st_mtime}
+                         for d in entries if d.is_dir()],
+            "env": read_env(root / "releases" / current / "vlfleet.env") if current else {},
+            "models": sorted(p.name for p in models_dir.iterdir() if (p / "manifest.json").is_file())
+            if models_dir.is_dir() else []}
 
 
 def venv(args: dict) -> dict:
@@ -110,8 +107,7 @@ def place(args: dict) -> dict:
     """Move an uploaded directory (wheelhouse or model artifact) into place, root-owned; an artifact
     (``verify_with``: the python that runs service.runtime.manifest) is verified first (``full``, the default: every
     file's sha256) and made read-only. What is already at ``dest`` is kept and the upload removed."""
-    src = Path(args["src"])
-    dest = Path(args["dest"])
+    src, dest = Path(args["src"]), Path(args["dest"])
     if dest.exists():
         shutil.rmtree(src, ignore_errors=True)
         return {"placed": False, "dest": str(dest)}
@@ -159,8 +155,7 @@ def switch_step(args: dict) -> dict:
 
 def _symlink_atomic(target: Path, link: Path) -> None:
     tmp = link.with_name(f".{link.name}.tmp")
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
+    tmp.unlink(missing_ok=True)
     os.symlink(str(target), tmp)
     os.replace(tmp, link)
 

@@ -18,7 +18,6 @@ LOCALITY_METRICS = ("vlfleet_answer_cache_hits_total", "vlfleet_answer_cache_mis
 
 
 def status(args: dict) -> dict:
-    """What `vlfleet status` shows for one host."""
     root = Path(args["root"])
     out: dict[str, Any] = {"release": link_target(root / "current"), "previous": link_target(root / "previous")}
     try:

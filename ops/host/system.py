@@ -33,13 +33,11 @@ def journal_tail(unit: str, since: float | None = None, lines: int = 25) -> list
     argv = ["journalctl", "-u", f"{unit}.service", "-n", str(lines), "--no-pager", "-o", "cat"]
     if since:
         argv += ["--since", f"@{int(since)}"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    return done.stdout.splitlines()[-lines:]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.splitlines()[-lines:]
 
 
 def restart_unit(unit: str, stop_timeout: float) -> tuple[float, int]:
-    """Restart the unit (clearing a start limit first): when (its journal from then on is this start's) and its
-    restart count after, for telling a crash loop."""
+    """Restart the unit (clearing a start limit first): when (for its journal since) and its restart count after."""
     since = time.time()
     # A crash-looping release may have hit the unit's start limit; a deliberate restart must not be refused.
     subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, timeout=30)

@@ -32,8 +32,7 @@ def tune_info(args: dict) -> dict:
     mem_total = next((int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemTotal:")), None)
     return {"release": link_target(root / "current"), "env": env,
-            "override": read_env(override) if override.is_file() else None,
-            "record": read_json(Path(args["record"])),
+            "override": read_env(override) if override.is_file() else None, "record": read_json(Path(args["record"])),
             "memory_high": _memory_property(limits.get("MemoryHigh")),
             "memory_max": _memory_property(limits.get("MemoryMax")), "mem_total": mem_total,
             "llama_server": llama_server(root, env)}
@@ -89,7 +88,6 @@ def write_record(args: dict) -> dict:
 
 
 def _write_or_remove(path: Path, text: str | None) -> None:
-    """Write ``path`` (root's, world-readable) or, with no ``text``, remove it."""
     if text is None:
         path.unlink(missing_ok=True)
     else:
