@@ -4,13 +4,8 @@ It is built into one file, `vlfleet-host-<digest>.pyz` (a zipapp of this folder,
 caller ships the same way and runs with a Python of the host: the distribution's python3 (release steps, snapshot,
 facts) or the release venv's (the probes that import the runtime). Callers: Fabric (ops/fleet/transport.py: rollout,
 status, tune; ops/report), the roles (`ansible.builtin.script` with the lookup `vlfleet_host_program`), and the
-checklist (ops/preflight/test_checklist.py). `python -m ops.host COMMAND ARGS` runs it from the source tree.
-
-Modules: cli (the command table), layout (the release tree), envfile (the env file, its only writer), release (venv,
-switch, prune, placement), gate (restart, readiness, smoke answer, drain wait), status, tune (tune's host steps), lb
-(nginx drain), probe (the checklist's and the report's reads), client (the one HTTP client of the service's API, also
-the controller's), system (subprocess, systemd, cgroups, atomic files), png, contract (generated from
-service/runtime/contract.py).
+checklist (ops/preflight/test_checklist.py). `python -m ops.host COMMAND ARGS` runs it from the source tree. What each
+module owns: docs/architecture.md, "The host program".
 
 Standard library only, Python 3.10: nothing outside this folder is imported (tests/unit/test_import_layers.py).
 """

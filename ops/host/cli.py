@@ -22,47 +22,40 @@ STEPS = {
     "venv": release.venv, "env": write_env, "switch": release.switch_step, "gate": gate.gate_step,
     "prune": release.prune, "stage": release.stage, "activate": gate.activate,
     # fleet operations
-    "describe": release.describe, "place": release.place, "quiesce": gate.quiesce, "status": status.status,
-    "lb": lb.lb,
+    "describe": release.describe, "place": release.place, "quiesce": gate.quiesce, "status": status.status, "lb": lb.lb,
     # `vlfleet tune`
     "tune_info": tune.tune_info, "set_engine": tune.set_engine, "peak": tune.peak, "write_record": tune.write_record,
 }
 
 
+def _answer(result: object, code: int = 0) -> int:
+    print(json.dumps(result))
+    return code
+
+
 def _step(name: str, argv: list[str]) -> int:
     if len(argv) != 1:
-        print(json.dumps({"error": f"usage: {name} BASE64-JSON|JSON"}))
-        return 2
+        return _answer({"error": f"usage: {name} BASE64-JSON|JSON"}, 2)
     try:
         args = json.loads(argv[0] if argv[0].lstrip().startswith("{") else base64.b64decode(argv[0]))
-        result = STEPS[name](args)
+        return _answer(STEPS[name](args))
     except HostError as e:
-        print(json.dumps({"error": str(e)}))
-        return 1
+        return _answer({"error": str(e)}, 1)
     except subprocess.TimeoutExpired as e:
-        print(json.dumps({"error": f"{' '.join(map(str, e.cmd))[:80]} timed out after {e.timeout:.0f} s"}))
-        return 1
-    print(json.dumps(result))
-    return 0
-
-
-def _probe(name: str, argv: list[str]) -> int:
-    try:
-        result = probe.COMMANDS[name](argv)
-    except (IndexError, ValueError):
-        print(json.dumps({"error": f"usage: {name} ARGS (see ops/host/probe.py)"}))
-        return 2
-    print(json.dumps(result))
-    return 0
+        return _answer({"error": f"{' '.join(map(str, e.cmd))[:80]} timed out after {e.timeout:.0f} s"}, 1)
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in STEPS:
-        return _step(argv[0], argv[1:])
-    if argv and argv[0] in probe.COMMANDS:
-        return _probe(argv[0], argv[1:])
-    print(json.dumps({"error": f"usage: vlfleet-host.pyz {{{','.join([*STEPS, *probe.COMMANDS])}}} ARGS"}))
-    return 2
+    name, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if name in STEPS:
+        return _step(name, rest)
+    if name not in probe.COMMANDS:
+        return _answer({"error": f"usage: vlfleet-host.pyz {{{','.join([*STEPS, *probe.COMMANDS])}}} ARGS"}, 2)
+    try:
+        result = probe.COMMANDS[name](rest)
+    except (IndexError, ValueError):  # too few positional arguments, or one that is not a number
+        return _answer({"error": f"usage: {name} ARGS (see ops/host/probe.py)"}, 2)
+    return _answer(result)
 
 
 def run() -> None:

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-CHAT_PATH = "/v1/chat/completions"
 MAX_LINES = 100_000  # SSE lines one answer may take: a stream that never ends is an error, not a hang
+LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason: the engine will not retry
 
 
 class ChatError(RuntimeError):
@@ -128,8 +128,7 @@ def _read_stream(answer: Answer, events: Events, on_text: Callable[[str], None] 
     pieces: list[str] = []
     try:
         for event in events:
-            if event.get("usage"):
-                answer.usage = event["usage"]
+            answer.usage = event.get("usage") or answer.usage
             answer.timings = server_timings(event) or answer.timings
             for choice in event.get("choices") or ():
                 piece = (choice.get("delta") or {}).get("content")
@@ -148,11 +147,6 @@ def _read_stream(answer: Answer, events: Events, on_text: Callable[[str], None] 
         answer.text, answer.done = "".join(pieces), events.done
 
 
-def _connection(url: str, timeout: float) -> http.client.HTTPConnection:
-    parts = urllib.parse.urlsplit(url)
-    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-
-
 def chat(url: str, body: dict, timeout: float = 600, bound: float | None = None, key: str | None = None,
          headers: dict[str, str] | None = None, on_text: Callable[[str], None] | None = None) -> Answer:
     """POST ``body`` to ``url``'s /v1/chat/completions on a fresh connection (like a browser tab: no keepalive to
@@ -163,9 +157,10 @@ def chat(url: str, body: dict, timeout: float = 600, bound: float | None = None,
     sent = {"Content-Type": "application/json", "Accept": "text/event-stream" if body.get("stream") else
             "application/json", **({"Authorization": "Bearer " + key} if key else {}), **(headers or {})}
     started = time.perf_counter()
-    conn = _connection(url, timeout)
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
-        conn.request("POST", CHAT_PATH, json.dumps(body), sent)
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), sent)
         resp = conn.getresponse()
         answer.status, answer.headers = resp.status, dict(resp.getheaders())
         if resp.status != 200:
@@ -198,8 +193,7 @@ def first_key(keys_file: str | None) -> str | None:
     if not keys_file:
         return None
     with open(keys_file) as f:
-        keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-    return keys[0] if keys else None
+        return next((line.strip() for line in f if line.strip() and not line.startswith("#")), None)
 
 
 def api_key(env: dict[str, str]) -> str | None:
@@ -239,15 +233,6 @@ def readyz(url: str, timeout: float = 15) -> dict[str, Any]:
         return {"status": None, "body": None, "error": describe(e)}
 
 
-LOAD_FAILED = "model failed to load"  # service/engine/base.py's /readyz reason: the engine will not retry
-
-
-def _given_up(body: Any) -> bool:
-    """The engine says it will not turn ready (/readyz "failed"; a release from before that field names the load)."""
-    return isinstance(body, dict) and (body.get("failed") is True
-                                       or str(body.get("reason", "")).startswith(LOAD_FAILED))
-
-
 def wait_ready(url: str, timeout: float, interval: float = 0.25, alive: Callable[[], str | None] | None = None,
                accept: Callable[[dict], bool] | None = None) -> tuple[float, dict]:
     """Wait (bounded) for ``url``/readyz to answer 200 with a body ``accept`` takes (any, without it): the seconds it
@@ -261,7 +246,8 @@ def wait_ready(url: str, timeout: float, interval: float = 0.25, alive: Callable
         body = last["body"] if isinstance(last["body"], dict) else {}
         if last["status"] == 200 and (accept is None or accept(body)):
             return time.monotonic() - started, body
-        if _given_up(body):  # it will not turn ready: no use waiting
+        # the engine says it will not turn ready (a release from before /readyz "failed" names the load): no use waiting
+        if body.get("failed") is True or str(body.get("reason", "")).startswith(LOAD_FAILED):
             raise NotReady(f"{url} will not become ready: {body.get('reason')}")
         if time.monotonic() - started + interval > timeout:
             seen = last["error"] or f"HTTP {last['status']}: {json.dumps(last['body'])[:200]}"

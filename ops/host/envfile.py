@@ -14,8 +14,6 @@ ENV_HEADER = ("# Managed by vlfleet (the env step of the host program, ops/host/
               "# `vlfleet rollout` run); local changes are overwritten.\n"
               "# Service settings (service/runtime/settings.py documents every VLFLEET_* variable). Read by systemd "
               "(EnvironmentFile=).\n")
-
-
 _ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
@@ -28,8 +26,7 @@ def env_text(settings: dict) -> str:
         if not _ENV_NAME_RE.match(name) or "\n" in text:
             raise HostError(f"env file: {name}={text!r} is not a NAME=value line (capitals, digits, '_'; one line)")
         lines.append(f"{name}={text}\n")
-    unknown = [name for name in sorted(settings) if name.startswith("VLFLEET_") and name not in SETTING_NAMES]
-    if unknown:
+    if unknown := [name for name in sorted(settings) if name.startswith("VLFLEET_") and name not in SETTING_NAMES]:
         raise HostError("env file: " + "; ".join(_unknown_setting(name) for name in unknown)
                          + ". Nothing on the host reads it and the service refuses to start on it: fix the name or "
                            "remove it (vlm_service_extra_env; `vlfleet rollout --env NAME=` removes one)")
@@ -43,13 +40,8 @@ def _unknown_setting(name: str) -> str:
 
 def merged_env(base: dict[str, str], changes: dict) -> dict[str, str]:
     """``base`` with ``changes`` applied: a value replaces, an empty one (or null) removes the setting."""
-    merged = dict(base)
-    for name, value in changes.items():
-        if value is None or value == "":
-            merged.pop(name, None)
-        else:
-            merged[name] = str(value)
-    return merged
+    removed = {name for name, value in changes.items() if value is None or value == ""}
+    return {name: str(value) for name, value in {**base, **changes}.items() if name not in removed}
 
 
 def env_changes(running: dict[str, str], written: dict[str, str]) -> dict[str, dict]:
@@ -78,12 +70,10 @@ def write_env(args: dict) -> dict:
     check = flag(args, "check")
     try:
         gid = group_id(args.get("group", "vlfleet"))
+        if not rel.is_dir():
+            raise HostError(f"release {release} is not on this host: make its venv first")
     except HostError:
-        if check:  # the group comes with the converge this check previews
+        if check:  # the group and the release come with the converge this check previews
             return {"changed": True, **answer}
         raise
-    if not rel.is_dir():
-        if check:
-            return {"changed": True, **answer}
-        raise HostError(f"release {release} is not on this host: make its venv first")
     return {"changed": write_atomic(rel / "vlfleet.env", data, 0o640, gid, check), **answer}

@@ -19,9 +19,7 @@ SMOKE_IMAGE = png.solid(64, 64, (128, 128, 128))  # the smoke request goes throu
 def readyz(addr: tuple[str, int]) -> tuple[int, dict]:
     """/readyz of the service at ``addr``: (status, body); (0, {"reason": ...}) when it did not answer."""
     got = client.readyz(client.base_url(*addr) + "/readyz", timeout=5)
-    body = got["body"]
-    if not isinstance(body, dict):
-        body = {"reason": got["error"] or str(body)[:300]}
+    body = got["body"] if isinstance(got["body"], dict) else {"reason": got["error"] or str(got["body"])[:300]}
     return got["status"] or 0, body
 
 
@@ -61,13 +59,13 @@ def wait_ready(addr: tuple[str, int], unit: str, accept, timeout: float, since: 
 
 
 def gate(root: Path, unit: str, release: str | None, timeout: float, since: float | None, restarts: int,
-         poll: float = 1.0, smoke_answer: bool = True) -> dict:
+         smoke_answer: bool = True) -> dict:
     """Wait (bounded) for /readyz 200 naming ``release``, then a smoke answer; fail fast when the unit crashes."""
     env = read_env(root / "current" / "vlfleet.env")
     addr = service_address(env)
     deadline = time.monotonic() + timeout
     ready = wait_ready(addr, unit, lambda body: release is None or body.get("release_id") == release, timeout, since,
-                       restarts, poll)
+                       restarts)
     if not ready["ok"] or not smoke_answer:
         return ready
     result = smoke(addr, timeout=max(30.0, deadline - time.monotonic()), key=client.api_key(env))
@@ -83,12 +81,10 @@ def activate(args: dict) -> dict:
     unit = args.get("unit", "vlfleet")
     release = args.get("release")
     old = switch(root, release) if release else link_target(root / "current")
-    since = time.time()
-    restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
+    since, restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
     result = gate(root, unit, release or link_target(root / "current"), float(args.get("timeout", 600)), since,
                   restarts)
-    result.update({"release": link_target(root / "current"), "from": old})
-    return result
+    return {**result, "release": link_target(root / "current"), "from": old}
 
 
 def gate_step(args: dict) -> dict:
@@ -98,10 +94,9 @@ def gate_step(args: dict) -> dict:
     root = Path(args["root"])
     unit = args.get("unit", "vlfleet")
     check = flag(args, "check")
-    release = None if check else args.get("release")
     timeout = float(args.get("timeout", 600))
     restarts = int(unit_state(unit).get("NRestarts") or 0)
-    result = gate(root, unit, release, timeout, None, restarts, smoke_answer=not check)
+    result = gate(root, unit, None if check else args.get("release"), timeout, None, restarts, smoke_answer=not check)
     if not result["ok"]:
         journal = "\n".join(result.get("journal") or journal_tail(unit, lines=40))
         raise HostError(f"{unit} did not pass its start gate within {timeout:.0f} s: {result['reason']}\n"
@@ -121,17 +116,14 @@ def established_clients(port: int, proc: Path = Path("/proc/net")) -> int:
         except OSError:
             continue
         for line in lines:
-            fields = line.split()
-            local, remote, state = fields[1], fields[2], fields[3]
-            if state != "01" or int(local.rsplit(":", 1)[1], 16) != port:
-                continue
-            if _is_loopback_hex(remote.rsplit(":", 1)[0]):
-                continue
-            count += 1
+            local, remote, state = line.split()[1:4]
+            if state == "01" and int(local.rsplit(":", 1)[1], 16) == port and not _is_loopback_hex(remote):
+                count += 1
     return count
 
 
-def _is_loopback_hex(addr: str) -> bool:
+def _is_loopback_hex(addr_port: str) -> bool:
+    addr = addr_port.rsplit(":", 1)[0]
     if len(addr) == 8:  # IPv4, little-endian: 127.x.x.x has 7F as its last byte
         return addr[6:8] == "7F"
     # IPv6 ::1, or an IPv4-mapped ::ffff:127.x.x.x
@@ -140,15 +132,13 @@ def _is_loopback_hex(addr: str) -> bool:
 
 def quiesce(args: dict) -> dict:
     """After the lb stopped sending new requests: wait (bounded) until the requests in flight have finished."""
-    root = Path(args["root"])
-    addr = service_address(read_env(root / "current" / "vlfleet.env"))
+    addr = service_address(read_env(Path(args["root"]) / "current" / "vlfleet.env"))
     timeout = float(args.get("timeout", 60))
     started = time.monotonic()
     left = -1
     while time.monotonic() - started < timeout:
-        left = established_clients(addr[1])
-        _status, body = readyz(addr)
-        left = max(left, int(body.get("queue_depth") or 0))
+        # in flight: the lb's open connections, or the service's queue when it counts more
+        left = max(established_clients(addr[1]), int(readyz(addr)[1].get("queue_depth") or 0))
         if left == 0:
             break
         time.sleep(0.5)

@@ -13,16 +13,11 @@ from .errors import HostError
 from .system import sha256_file
 
 COMPLETE = ".vlfleet-complete"  # python_runtime's marker of a finished venv
-
-
 WHEELHOUSE_MARK = ".vlfleet-wheelhouse"  # sha256 of the requirements.txt the venv was built from
 
 
-_ID_RE = re.compile(RELEASE_ID)
-
-
 def check_id(release: str) -> str:
-    if not _ID_RE.match(release or ""):
+    if not re.match(RELEASE_ID, release or ""):
         raise HostError(f"release id {release!r}: {RELEASE_ID_RULE}")
     return release
 

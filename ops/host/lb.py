@@ -35,8 +35,7 @@ def set_drained(text: str, drain: list[str], undrain: list[str]) -> tuple[str, l
             lines[i + 1] = server[:-1] + " down;" if is_drained else server
         if is_drained and host not in drained:  # a host has a server line in each upstream block
             drained.append(host)
-    missing = sorted(wanted - seen)
-    if missing:
+    if missing := sorted(wanted - seen):
         raise HostError(f"the nginx site has no upstream server for {', '.join(missing)}: converge the lb with "
                          f"site.yml so it lists every vlm host")
     return "\n".join(lines), drained
@@ -58,9 +57,9 @@ def lb(args: dict) -> dict:
         write_atomic(site, old.encode(), 0o644)
         raise HostError(f"nginx -t rejected the edited site (restored): {test.stderr.strip()[-400:]}")
     # reload, never restart: old workers finish their open streams, new ones skip the drained servers
-    old = nginx_workers()
+    workers = nginx_workers()
     run(["systemctl", "reload", "nginx.service"], timeout=60)
-    wait_workers_replaced(old)
+    wait_workers_replaced(workers)
     return {"changed": True, "drained": drained}
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,7 @@ from .layout import parse_env
 
 RUNTIME_DISTS = (("openvino", "openvino"), ("openvino-genai", "openvino_genai"),
                  ("openvino-tokenizers", "openvino_tokenizers"))
-
-
+LATENCY_IMAGE = (416, 277)  # a typical photo's budget after downscaling: image tokens dominate the first token
 UNIT_PROPERTIES = "ActiveState,SubState,Result,UnitFileState,MainPID,Restart,RestartUSec,LimitNOFILE,DropInPaths," \
                   "NRestarts"
 
@@ -53,18 +53,13 @@ def _first(path: str, prefix: str) -> str:
     return next(iter(_lines(path, prefix).splitlines()), "")
 
 
-def _cmd(*command: str, stderr: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
-    """A command's result; a missing command reads as exit 127 with no output, as in a shell."""
-    try:
-        return subprocess.run(command, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL, text=True, errors="replace",
-                              timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return subprocess.CompletedProcess(command, 127, "", None)
-
-
 def _out(*command: str, stderr: bool = False) -> str:
-    return _cmd(*command, stderr=stderr).stdout
+    """A command's output; a missing command reads as no output, as in a shell."""
+    try:
+        return subprocess.run(command, stdout=subprocess.PIPE, text=True, errors="replace", timeout=60, check=False,
+                              stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
 
 
 def _after_header(text: str) -> str:
@@ -78,30 +73,11 @@ def _df(*paths: str) -> str:
 
 def _release(root: str) -> tuple[str, str, str]:
     """``root``/current resolved (or ""), its venv python when executable (or ""), its env file's text."""
-    current = os.path.realpath(os.path.join(root, "current"))
-    target = current if os.path.exists(current) else ""
-    python = os.path.join(target, "venv", "bin", "python") if target else ""
-    python = python if python and os.access(python, os.X_OK) else ""
-    return target, python, _read(os.path.join(target, "vlfleet.env")) if target else ""
-
-
-def _governors() -> str:
-    rows = []
-    for path in sorted(glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor")):
-        rows += [f"{path}:{line}\n" for line in _read(path).splitlines() if line]
-    return "".join(rows)
-
-
-def _main_pid(service: str) -> int:
-    pid = _out("systemctl", "show", "-p", "MainPID", "--value", f"{service}.service").strip()
-    return int(pid) if pid.isdigit() else 0
-
-
-def _process(pid: int) -> dict[str, str]:
-    if pid <= 0:
-        return {"pid_limits": "", "pid_status": ""}
-    return {"pid_limits": _lines(f"/proc/{pid}/limits", "Max open files"),
-            "pid_status": _lines(f"/proc/{pid}/status", "VmRSS:", "Cpus_allowed_list:")}
+    target = os.path.realpath(os.path.join(root, "current"))
+    if not os.path.exists(target):
+        return "", "", ""
+    python = os.path.join(target, "venv", "bin", "python")
+    return target, python if os.access(python, os.X_OK) else "", _read(os.path.join(target, "vlfleet.env"))
 
 
 def _descendants(pid: int) -> list[int]:
@@ -125,24 +101,10 @@ def _numa(pid: int) -> str:
     for p in _descendants(pid) if pid > 0 else []:
         cpus = {_first(f, "Cpus_allowed_list:").partition(":")[2].strip()
                 for f in glob.glob(f"/proc/{p}/task/*/status")}
-        policies: dict[str, int] = {}
-        for line in _read(f"/proc/{p}/numa_maps").splitlines():
-            fields = line.split()
-            if len(fields) > 1:
-                policies[fields[1]] = policies.get(fields[1], 0) + 1
+        maps = (line.split() for line in _read(f"/proc/{p}/numa_maps").splitlines())
+        policies = Counter(fields[1] for fields in maps if len(fields) > 1)
         procs[str(p)] = {"cpus": sorted(cpus - {""}), "policies": policies}
     return json.dumps({"nodes": nodes, "processes": procs})
-
-
-def _storage(root: str, cache: str) -> dict[str, str]:
-    existing = cache if os.path.isdir(cache) else os.path.dirname(cache)
-    return {"df_tmp": _df("/tmp", "/var/tmp"), "cache": cache + "\n", "df_models": _df(f"{root}/models"),
-            "df_cache": _df(existing)}
-
-
-def _virt() -> dict[str, str]:
-    container = _cmd("systemd-detect-virt", "--container").returncode == 0
-    return {"virt": _out("systemd-detect-virt"), "container": "yes" if container else "no"}
 
 
 def _service(service: str, port: str) -> dict[str, str]:
@@ -158,26 +120,27 @@ def snapshot(root: str, service: str) -> dict[str, str]:
     target, python, env = _release(root)
     values = parse_env(env)
     model, gguf = values.get("VLFLEET_MODEL_DIR"), values.get("VLFLEET_LLAMACPP_MODEL_DIR")
-    pid = _main_pid(service)
+    unit = _service(service, values.get("VLFLEET_PORT", ""))  # one systemctl show: a process costs seconds on TCG
+    main_pid = parse_env(unit["unit"]).get("MainPID", "")
+    pid = int(main_pid) if main_pid.isdigit() else 0  # 0 when it does not run: there is no /proc/0
     plan = values.get("VLFLEET_CPU_PLAN_FILE") or CPU_PLAN_FILE
     cache = values.get("VLFLEET_MODEL_CACHE_DIR") or MODEL_CACHE_DIR
-    return {**_virt(), "flags": _first("/proc/cpuinfo", "flags"), "governors": _governors(),
-            "target": target, "python": python, "env": env,
+    # --container prints the container's kind, or "none" (and fails) outside one
+    container = _out("systemd-detect-virt", "--container").strip() not in ("", "none")
+    governors = sorted(glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"))
+    return {"virt": _out("systemd-detect-virt"), "container": "yes" if container else "no",
+            "flags": _first("/proc/cpuinfo", "flags"), "target": target, "python": python, "env": env,
+            "governors": "".join(f"{p}:{line}\n" for p in governors for line in _read(p).splitlines() if line),
             "manifest": _read(os.path.join(model, "manifest.json")) if model else "",
             "gguf_manifest": _read(os.path.join(gguf, "manifest.json")) if gguf else "",
             "meminfo": _read("/proc/meminfo"), "swaps": _after_header(_read("/proc/swaps")),
-            **_storage(root, cache), **_process(pid), "numa": _numa(pid),
+            "df_tmp": _df("/tmp", "/var/tmp"), "cache": cache + "\n", "df_models": _df(f"{root}/models"),
+            "df_cache": _df(cache if os.path.isdir(cache) else os.path.dirname(cache)),
+            "pid_limits": _lines(f"/proc/{pid}/limits", "Max open files"),
+            "pid_status": _lines(f"/proc/{pid}/status", "VmRSS:", "Cpus_allowed_list:"), "numa": _numa(pid),
             "init_limits": _lines("/proc/1/limits", "Max open files"), "plan": _read(plan),
             "time": _out("timedatectl", "show", "-p", "NTP", "-p", "NTPSynchronized", stderr=True),
-            "tuned": _read(TUNED_FILE),
-            **_service(service, values.get("VLFLEET_PORT", ""))}
-
-
-def _os_release() -> str:
-    for line in _read("/etc/os-release").splitlines():
-        if line.startswith("PRETTY_NAME="):
-            return line.split("=", 1)[1].strip().strip("\"'")
-    return ""
+            "tuned": _read(TUNED_FILE), **unit}
 
 
 def facts(root: str) -> dict[str, Any]:
@@ -189,7 +152,8 @@ def facts(root: str) -> dict[str, Any]:
             "flags": _first("/proc/cpuinfo", "flags").partition(":")[2].strip(),
             "cpus": os.sysconf("SC_NPROCESSORS_CONF"),
             "meminfo": _lines("/proc/meminfo", "MemTotal:", "MemAvailable:", "SwapTotal:", "SwapFree:"),
-            "os": _os_release(), "kernel": os.uname().release, "env": env, "plan": _read(plan)}
+            "os": _first("/etc/os-release", "PRETTY_NAME=").partition("=")[2].strip().strip("\"'"),
+            "kernel": os.uname().release, "env": env, "plan": _read(plan)}
 
 
 def runtime_versions() -> dict[str, Any]:
@@ -200,78 +164,44 @@ def runtime_versions() -> dict[str, Any]:
 
     out: dict[str, Any] = {"python": platform.python_version(), "dists": {}}
     for dist, module in RUNTIME_DISTS:
-        row: dict[str, Any] = {}
         try:
-            row["version"] = md.version(dist)
+            version = md.version(dist)
         except md.PackageNotFoundError:
-            row["version"] = None
+            version = None
         try:
             importlib.import_module(module)
-            row["import"] = "ok"
+            imported = "ok"
         except Exception as e:  # whatever the import raises is the finding
-            row["import"] = client.describe(e)
-        out["dists"][dist] = row
+            imported = client.describe(e)
+        out["dists"][dist] = {"version": version, "import": imported}
     return out
-
-
-def readyz(url: str) -> dict[str, Any]:
-    """GET ``url``: {"status": int|None, "body": JSON or text, "error": str|None}."""
-    return client.readyz(url)
-
-
-def _image_url(size: tuple[int, int], colour: tuple[int, int, int]) -> str:
-    return client.data_url(png.solid(*size, colour))
-
-
-def _chat(host: str, port: int, body: dict, timeout: float, bound: float, key: str | None):
-    return client.chat(client.base_url(host, port), body, timeout, bound, key)
-
-
-def _question(image_url: str, text: str) -> list[dict]:
-    return [client.user_turn(image_url, text)]
 
 
 def _rounded(seconds: float | None, digits: int) -> float | None:
     return None if seconds is None else round(seconds, digits)
 
 
+def _ask(host: str, port: int, key: str | None, image: bytes, question: str, timeout: float, bound: float,
+         **body: Any) -> client.Answer:
+    messages = [client.user_turn(client.data_url(image), question)]
+    return client.chat(client.base_url(host, port), {"stream": True, "temperature": 0, **body, "messages": messages},
+                       timeout, bound, key)
+
+
+def _row(a: client.Answer, digits: int) -> dict[str, Any]:
+    return {"status": a.status, "first_token_s": _rounded(a.first_token_s, digits),
+            "total_s": _rounded(a.total_s, digits), "error": a.error}
+
+
 def stream(host: str, port: int, model: str, first_token_s: float, total_s: float,
            keys_file: str = "") -> dict[str, Any]:
     """One small image and a short question, streamed: status, content chunks, first token and [DONE] times."""
-    out: dict[str, Any] = {"status": None, "chunks": 0, "chars": 0, "text": "", "done": False, "first_token_s": None,
-                           "total_s": None, "error": None}
     try:
-        body = {"model": model, "stream": True, "max_tokens": 8, "temperature": 0,
-                "messages": _question(_image_url((64, 48), (200, 40, 40)), "What colour is this image?")}
-        a = _chat(host, port, body, first_token_s, total_s, client.first_key(keys_file))
-        out.update(status=a.status, chunks=a.chunks, chars=len(a.text), text=a.text[:200], done=a.done,
-                   first_token_s=_rounded(a.first_token_s, 3), total_s=_rounded(a.total_s, 3), error=a.error)
+        a = _ask(host, port, client.first_key(keys_file), png.solid(64, 48, (200, 40, 40)),
+                 "What colour is this image?", first_token_s, total_s, model=model, max_tokens=8)
     except Exception as e:  # the error is the answer
-        out["error"] = client.describe(e)
-    return out
-
-
-def _latency_run(host: str, port: int, url: str, tokens: int, bound: float, i: int,
-                 key: str | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {"status": None, "first_token_s": None, "total_s": None, "tokens": 0, "ms_per_token": None,
-                           "error": None}
-    # a nonce in each prompt: the service replays identical deterministic requests from its answer cache
-    body = {"stream": True, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
-            "stream_options": {"include_usage": True},
-            "messages": _question(url, f"Describe this picture. (probe {i} {time.time():.6f})")}
-    try:
-        a = _chat(host, port, body, bound, bound, key)
-    except Exception as e:  # one run's error is its row
-        row["error"] = client.describe(e)
-        return row
-    row.update(status=a.status, tokens=a.tokens or 0, total_s=_rounded(a.total_s, 4), error=a.error,
-               first_token_s=_rounded(a.first_token_s, 4))
-    if a.first_token_s is not None and row["tokens"] > 1:
-        row["ms_per_token"] = round(1000 * (a.last_token_s - a.first_token_s) / (row["tokens"] - 1), 2)
-    return row
-
-
-LATENCY_IMAGE = (416, 277)  # a typical photo's budget after downscaling: image tokens dominate the first token
+        a = client.Answer(error=client.describe(e))
+    return {**_row(a, 3), "chunks": a.chunks, "chars": len(a.text), "text": a.text[:200], "done": a.done}
 
 
 def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_file: str = "",
@@ -284,8 +214,17 @@ def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_fil
     key = client.first_key(keys_file)
 
     def one(i: int) -> dict[str, Any]:
-        return _latency_run(host, port, _image_url(LATENCY_IMAGE, (40 + (7 * i) % 200, 120, 200)), tokens, bound, i,
-                            key)
+        image = png.solid(*LATENCY_IMAGE, (40 + (7 * i) % 200, 120, 200))
+        try:
+            # a nonce in each prompt: the service replays identical deterministic requests from its answer cache
+            a = _ask(host, port, key, image, f"Describe this picture. (probe {i} {time.time():.6f})", bound, bound,
+                     max_tokens=tokens, ignore_eos=True, stream_options={"include_usage": True})
+        except Exception as e:  # one run's error is its row
+            a = client.Answer(error=client.describe(e))
+        row = {**_row(a, 4), "tokens": a.tokens or 0, "ms_per_token": None}
+        if a.first_token_s is not None and row["tokens"] > 1:
+            row["ms_per_token"] = round(1000 * (a.last_token_s - a.first_token_s) / (row["tokens"] - 1), 2)
+        return row
 
     if clients <= 1:
         return [one(i) for i in range(runs)]
@@ -299,7 +238,7 @@ def _optional(args: list[str], i: int) -> str:
 
 COMMANDS = {
     "runtime-versions": lambda a: runtime_versions(),
-    "readyz": lambda a: readyz(a[0]),
+    "readyz": lambda a: client.readyz(a[0]),
     "stream": lambda a: stream(a[0], int(a[1]), a[2], float(a[3]), float(a[4]), _optional(a, 5)),
     "latency": lambda a: latency(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), _optional(a, 5),
                                  int(_optional(a, 6) or 1)),

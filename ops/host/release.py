@@ -17,22 +17,16 @@ from .system import run, sha256_file
 
 def describe(args: dict) -> dict:
     root = Path(args["root"])
-    releases = []
-    rel_dir = root / "releases"
-    for d in sorted(rel_dir.iterdir() if rel_dir.is_dir() else [], key=lambda p: p.stat().st_mtime):
-        if d.is_dir():
-            releases.append({"id": d.name, "complete": (d / "venv" / COMPLETE).is_file(),
-                             "wheelhouse_sha": wheelhouse_sha(root, d.name), "mtime": d.stat().st_mtime})
+    rel_dir, models_dir = root / "releases", root / "models"
+    entries = sorted(rel_dir.iterdir() if rel_dir.is_dir() else [], key=lambda p: p.stat().st_mtime)
     current = link_target(root / "current")
-    models_dir = root / "models"
-    return {
-        "current": current,
-        "previous": link_target(root / "previous"),
-        "releases": releases,
-        "env": read_env(root / "releases" / current / "vlfleet.env") if current else {},
-        "models": sorted(p.name for p in models_dir.iterdir() if (p / "manifest.json").is_file())
-        if models_dir.is_dir() else [],
-    }
+    return {"current": current, "previous": link_target(root / "previous"),
+            "releases": [{"id": d.name, "complete": (d / "venv" / COMPLETE).is_file(),
+                          "wheelhouse_sha": wheelhouse_sha(root, d.name), "mtime": d.stat().st_mtime}
+                         for d in entries if d.is_dir()],
+            "env": read_env(root / "releases" / current / "vlfleet.env") if current else {},
+            "models": sorted(p.name for p in models_dir.iterdir() if (p / "manifest.json").is_file())
+            if models_dir.is_dir() else []}
 
 
 def venv(args: dict) -> dict:
@@ -45,14 +39,14 @@ def venv(args: dict) -> dict:
     if (env_dir / COMPLETE).is_file():
         return {"changed": False, "complete": True, "release": release, "venv": "kept"}
     source = args.get("venv_from")
-    build = bool(source or args.get("wheelhouse") or args.get("wheelhouse_tar"))
+    wheelhouse = args.get("wheelhouse") or args.get("wheelhouse_tar")
     if flag(args, "check"):
         return {"changed": True, "complete": False, "release": release, "venv": "to be made"}
     started = time.monotonic()
     created = not rel.is_dir()
     rel.mkdir(parents=True, exist_ok=True)
     os.chmod(rel, 0o755)
-    if not build and flag(args, "prepare"):  # the roles: the directory the wheelhouse archive is sent to
+    if not (source or wheelhouse) and flag(args, "prepare"):  # the roles: where the wheelhouse archive is sent
         return {"changed": created, "complete": False, "release": release, "venv": "to be built"}
     shutil.rmtree(env_dir, ignore_errors=True)  # a half-made venv from an interrupted attempt
     if source:
@@ -64,7 +58,7 @@ def venv(args: dict) -> dict:
         run(["cp", "-al", str(src), str(env_dir)])
         sha = wheelhouse_sha(root, source)
         how = f"copied from {source}"
-    elif args.get("wheelhouse") or args.get("wheelhouse_tar"):
+    elif wheelhouse:
         sha = _build_venv(rel, args)
         how = "built from the wheelhouse"
     else:
@@ -88,9 +82,8 @@ def _build_venv(rel: Path, args: dict) -> str | None:
     req = wh / "requirements.txt"
     if not req.is_file():
         raise HostError(f"no wheelhouse at {wh} (requirements.txt missing)")
-    python = args.get("python") or "/usr/bin/python3"
     env_dir = rel / "venv"
-    run([python, "-m", "venv", str(env_dir)])
+    run([args.get("python") or "/usr/bin/python3", "-m", "venv", str(env_dir)])
     run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--no-cache-dir",
           "--disable-pip-version-check", "--find-links", str(wh), "--require-hashes", "-r", str(req)], timeout=1800)
     sha = sha256_file(req)
@@ -105,9 +98,7 @@ def stage(args: dict) -> dict:
     ``settings``, as `env`). What `vlfleet rollout` does first on a host."""
     started = time.monotonic()
     made = venv(args)
-    env_changed = False
-    if args.get("changes") is not None or args.get("settings") is not None:
-        env_changed = write_env(args)["changed"]
+    env_changed = (args.get("changes") is not None or args.get("settings") is not None) and write_env(args)["changed"]
     return {"release": made["release"], "venv": made["venv"], "env_changed": env_changed,
             "changed": made["changed"] or env_changed, "seconds": round(time.monotonic() - started, 1)}
 
@@ -116,8 +107,7 @@ def place(args: dict) -> dict:
     """Move an uploaded directory (wheelhouse or model artifact) into place, root-owned; an artifact
     (``verify_with``: the python that runs service.runtime.manifest) is verified first (``full``, the default: every
     file's sha256) and made read-only. What is already at ``dest`` is kept and the upload removed."""
-    src = Path(args["src"])
-    dest = Path(args["dest"])
+    src, dest = Path(args["src"]), Path(args["dest"])
     if dest.exists():
         shutil.rmtree(src, ignore_errors=True)
         return {"placed": False, "dest": str(dest)}
@@ -133,9 +123,7 @@ def place(args: dict) -> dict:
             raise HostError(f"the copy of {dest.name} does not match its manifest: "
                             f"{(done.stdout + done.stderr).strip()[-600:]}. Check the controller's copy "
                             "(`vlfleet model.verify DIR`), then send it again")
-        run(["chmod", "-R", "a-w,a+rX", str(src)])
-    else:
-        run(["chmod", "-R", "go-w,a+rX", str(src)])
+    run(["chmod", "-R", "a-w,a+rX" if args.get("verify_with") else "go-w,a+rX", str(src)])  # an artifact: read-only
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.rename(src, dest)
     return {"placed": True, "dest": str(dest)}
@@ -167,8 +155,7 @@ def switch_step(args: dict) -> dict:
 
 def _symlink_atomic(target: Path, link: Path) -> None:
     tmp = link.with_name(f".{link.name}.tmp")
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
+    tmp.unlink(missing_ok=True)
     os.symlink(str(target), tmp)
     os.replace(tmp, link)
 

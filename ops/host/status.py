@@ -18,12 +18,10 @@ LOCALITY_METRICS = ("vlfleet_answer_cache_hits_total", "vlfleet_answer_cache_mis
 
 
 def status(args: dict) -> dict:
-    """What `vlfleet status` shows for one host."""
     root = Path(args["root"])
-    unit = args.get("unit", "vlfleet")
     out: dict[str, Any] = {"release": link_target(root / "current"), "previous": link_target(root / "previous")}
     try:
-        state = unit_state(unit)
+        state = unit_state(args.get("unit", "vlfleet"))
     except HostError as e:
         state = {"error": str(e)}
     out["unit"] = {k: state.get(k) for k in ("ActiveState", "SubState", "MainPID", "NRestarts")}

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ def run(argv: list[str], timeout: float = 300) -> str:
     return done.stdout
 
 
-def unit_state(unit: str) -> dict[str, str]:
-    out = run(["systemctl", "show", f"{unit}.service", "-p",
-                "ActiveState,SubState,MainPID,NRestarts,ControlGroup,ExecMainStatus"])
+UNIT_STATE = "ActiveState,SubState,MainPID,NRestarts,ControlGroup,ExecMainStatus"
+
+
+def unit_state(unit: str, properties: str = UNIT_STATE) -> dict[str, str]:
+    out = run(["systemctl", "show", f"{unit}.service", "-p", properties])
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -30,16 +33,16 @@ def journal_tail(unit: str, since: float | None = None, lines: int = 25) -> list
     argv = ["journalctl", "-u", f"{unit}.service", "-n", str(lines), "--no-pager", "-o", "cat"]
     if since:
         argv += ["--since", f"@{int(since)}"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    return done.stdout.splitlines()[-lines:]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.splitlines()[-lines:]
 
 
-def restart_unit(unit: str, stop_timeout: float = 120) -> int:
-    """Restart the unit (clearing a start limit first); its restart count after, for telling a crash loop."""
+def restart_unit(unit: str, stop_timeout: float) -> tuple[float, int]:
+    """Restart the unit (clearing a start limit first): when (for its journal since) and its restart count after."""
+    since = time.time()
     # A crash-looping release may have hit the unit's start limit; a deliberate restart must not be refused.
     subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, timeout=30)
     run(["systemctl", "restart", f"{unit}.service"], timeout=stop_timeout)
-    return int(unit_state(unit).get("NRestarts") or 0)
+    return since, int(unit_state(unit).get("NRestarts") or 0)
 
 
 def write_atomic(path: Path, data: bytes, mode: int, gid: int = 0, check: bool = False) -> bool:
@@ -83,24 +86,22 @@ def sha256_file(path: Path) -> str | None:
         return None
 
 
-def cgroup_pids(cgroup: str, fs: Path = Path("/sys/fs/cgroup")) -> list[str]:
-    """The processes of a unit's cgroup (its ControlGroup property)."""
-    if not cgroup:
-        return []
+def cgroup_file(cgroup: str, name: str, fs: Path = Path("/sys/fs/cgroup")) -> str | None:
+    """A file of a unit's cgroup (its ControlGroup property); None without a cgroup or the file."""
     # cgroup v2 at the root; hybrid layouts (some containers) keep the unit's processes under unified/ or systemd/
-    for base in (fs, fs / "unified", fs / "systemd"):
+    for base in (fs, fs / "unified", fs / "systemd") if cgroup else ():
         try:
-            return (base / cgroup.lstrip("/") / "cgroup.procs").read_text().split()
+            return (base / cgroup.lstrip("/") / name).read_text()
         except OSError:
             continue
-    return []
+    return None
 
 
 def cgroup_rss(cgroup: str, fs: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc"),
                field: str = "VmRSS:") -> int | None:
     """Sum of VmRSS (or another /proc/PID/status field in kB, e.g. VmHWM: the peak) over the unit's processes (the
     gunicorn master, its worker, and a llama-server child when there is one)."""
-    pids = cgroup_pids(cgroup, fs)
+    pids = (cgroup_file(cgroup, "cgroup.procs", fs) or "").split()
     if not pids:
         return None
     total = 0

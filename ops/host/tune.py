@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 from .contract import DEFAULT_ENGINE, ENGINES
 from .errors import HostError
 from .gate import wait_ready
 from .layout import link_target, read_env, service_address
-from .system import cgroup_rss, read_json, restart_unit, run, unit_state, write_atomic
+from .system import cgroup_file, cgroup_rss, read_json, restart_unit, unit_state, write_atomic
 
 # Where the release wheelhouse's vlfleet-llama-server wheel (ops/llamacpp/wheel.py) puts llama-server in the venv.
 RUNTIME_GLOB = "lib/python3*/site-packages/vlfleet_llama_server/bin/llama-server"
@@ -29,13 +28,11 @@ def tune_info(args: dict) -> dict:
     root = Path(args["root"])
     env = read_env(root / "current" / "vlfleet.env")
     override = Path(args["override"])
-    props = run(["systemctl", "show", f"{args.get('unit', 'vlfleet')}.service", "-p", "MemoryHigh,MemoryMax"])
-    limits = dict(line.split("=", 1) for line in props.splitlines() if "=" in line)
+    limits = unit_state(args.get("unit", "vlfleet"), "MemoryHigh,MemoryMax")
     mem_total = next((int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
                       if line.startswith("MemTotal:")), None)
     return {"release": link_target(root / "current"), "env": env,
-            "override": read_env(override) if override.is_file() else None,
-            "record": read_json(Path(args["record"])),
+            "override": read_env(override) if override.is_file() else None, "record": read_json(Path(args["record"])),
             "memory_high": _memory_property(limits.get("MemoryHigh")),
             "memory_max": _memory_property(limits.get("MemoryMax")), "mem_total": mem_total,
             "llama_server": llama_server(root, env)}
@@ -63,46 +60,36 @@ def set_engine(args: dict) -> dict:
     restart, and wait (bounded) for /readyz 200 reporting that engine."""
     root = Path(args["root"])
     unit = args.get("unit", "vlfleet")
-    override = Path(args["override"])
     engine = args.get("engine")
-    if engine:
-        override.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(override, override_text(engine).encode(), 0o644)
-    else:
-        override.unlink(missing_ok=True)
+    _write_or_remove(Path(args["override"]), override_text(engine) if engine else None)
     env = read_env(root / "current" / "vlfleet.env")
     expected = engine or env.get("VLFLEET_ENGINE") or DEFAULT_ENGINE
-    since = time.time()
-    restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
+    since, restarts = restart_unit(unit, float(args.get("stop_timeout", 120)))
     # A release from before /readyz named its engine says nothing: take its word that it runs what it was told.
     result = wait_ready(service_address(env), unit, lambda body: body.get("engine", expected) == expected,
                         float(args.get("timeout", 600)), since, restarts)
-    result["engine"] = expected
-    return result
+    return {**result, "engine": expected}
 
 
 def peak(args: dict) -> dict:
     """Peak memory of the running service: the sum of its processes' VmHWM (the high-water RSS since each started),
     and the cgroup's memory.peak (page cache included) where the kernel has it."""
-    state = unit_state(args.get("unit", "vlfleet"))
-    cgroup = state.get("ControlGroup") or ""
-    cg_peak = None
-    for base in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
-        try:
-            cg_peak = int((base / cgroup.lstrip("/") / "memory.peak").read_text())
-            break
-        except (OSError, ValueError):
-            continue
+    cgroup = unit_state(args.get("unit", "vlfleet")).get("ControlGroup") or ""
+    cg_peak = (cgroup_file(cgroup, "memory.peak") or "").strip()
     return {"peak_rss_bytes": cgroup_rss(cgroup, field="VmHWM:"), "rss_bytes": cgroup_rss(cgroup),
-            "cgroup_peak_bytes": cg_peak}
+            "cgroup_peak_bytes": int(cg_peak) if cg_peak.isdigit() else None}
 
 
 def write_record(args: dict) -> dict:
     """Write tune's record (JSON, world-readable: it holds no secret); ``record`` None removes it."""
-    path = Path(args["path"])
-    if args.get("record") is None:
+    record = args.get("record")
+    _write_or_remove(Path(args["path"]), None if record is None else json.dumps(record, indent=1) + "\n")
+    return {"written": record is not None}
+
+
+def _write_or_remove(path: Path, text: str | None) -> None:
+    if text is None:
         path.unlink(missing_ok=True)
-        return {"written": False}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, (json.dumps(args["record"], indent=1) + "\n").encode(), 0o644)
-    return {"written": True}
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text.encode(), 0o644)

@@ -44,7 +44,7 @@ def _service_reading(monkeypatch, root: Path, override: Path) -> None:
         engine = settings.load({"VLFLEET_MODEL_DIR": "/m", **env}).engine
         return {"status": 200, "body": {"ready": True, "engine": engine}, "error": None}
 
-    monkeypatch.setattr(tune, "restart_unit", lambda unit, stop_timeout=120: 0)
+    monkeypatch.setattr(tune, "restart_unit", lambda unit, stop_timeout: (0.0, 0))
     monkeypatch.setattr(gate, "unit_state", lambda unit: {"ActiveState": "active", "SubState": "running"})
     monkeypatch.setattr(gate, "journal_tail", lambda unit, since=None, lines=25: [])
     monkeypatch.setattr(client, "readyz", readyz)
