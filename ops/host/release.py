@@ -3,9 +3,12 @@ switch of `current`, pruning, and placing uploaded wheelhouses and model artifac
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 import subprocess
+import sysconfig
 import time
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from .envfile import write_env
 from .errors import HostError, flag
 from .layout import COMPLETE, WHEELHOUSE_MARK, check_id, link_target, read_env, release_dir, wheelhouse_sha
 from .system import run, sha256_file
+
+PIP_WHEELS = "/usr/share/python-wheels"  # Debian's and Ubuntu's home of the wheels ensurepip installs
 
 
 def describe(args: dict) -> dict:
@@ -69,6 +74,14 @@ def venv(args: dict) -> dict:
             "seconds": round(time.monotonic() - started, 1)}
 
 
+def pip_wheel() -> str | None:
+    """The newest pip wheel ensurepip installs from (Debian and Ubuntu: python3-pip-whl's; upstream Python: its
+    bundled one), or None."""
+    found = glob.glob(os.path.join(PIP_WHEELS, "pip-*.whl")) + glob.glob(
+        os.path.join(sysconfig.get_path("stdlib"), "ensurepip", "_bundled", "pip-*.whl"))
+    return max(found, key=lambda w: [int(n) for n in re.findall(r"\d+", Path(w).name.split("-")[1])], default=None)
+
+
 def _build_venv(rel: Path, args: dict) -> str | None:
     """`python -m venv` + `pip install --no-index --require-hashes` from the wheelhouse; its requirements' sha256."""
     tar = Path(args["wheelhouse_tar"]) if args.get("wheelhouse_tar") else None
@@ -83,8 +96,12 @@ def _build_venv(rel: Path, args: dict) -> str | None:
     if not req.is_file():
         raise HostError(f"no wheelhouse at {wh} (requirements.txt missing)")
     env_dir = rel / "venv"
-    run([args.get("python") or "/usr/bin/python3", "-m", "venv", str(env_dir)])
-    run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-index", "--no-cache-dir",
+    wheel = pip_wheel()
+    # ensurepip would install pip into every release venv: a minute on an emulated host, for a tool the release
+    # never runs. Run from the wheel ensurepip would install, pip installs into the venv without joining it.
+    run([args.get("python") or "/usr/bin/python3", "-m", "venv", *(["--without-pip"] if wheel else []), str(env_dir)])
+    pip = [f"{wheel}/pip"] if wheel else ["-m", "pip"]
+    run([str(env_dir / "bin" / "python"), *pip, "install", "--quiet", "--no-index", "--no-cache-dir",
           "--disable-pip-version-check", "--find-links", str(wh), "--require-hashes", "-r", str(req)], timeout=1800)
     sha = sha256_file(req)
     if tar:
