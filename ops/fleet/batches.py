@@ -21,6 +21,10 @@ class RolloutError(ValueError):
     """A bad --batch or --max-fail value; the message says what is accepted."""
 
 
+class StepError(RuntimeError):
+    """A host step reported a failure (the host program's error, or a bad answer)."""
+
+
 class Outcome(str, Enum):
     OK = "ok"  # the host runs the target and passed its gate
     UNCHANGED = "unchanged"  # it already ran the target and was ready: nothing done
@@ -140,6 +144,8 @@ def describe_error(exc: BaseException) -> tuple[Outcome, str]:
     from invoke.exceptions import CommandTimedOut, UnexpectedExit
     from paramiko.ssh_exception import AuthenticationException, NoValidConnectionsError, SSHException
 
+    if isinstance(exc, StepError):  # the host program's own words
+        return Outcome.FAILED, str(exc)
     if isinstance(exc, CommandTimedOut):
         return Outcome.FAILED, f"command timed out after {exc.timeout} s: {exc.result.command[:80]}"
     if isinstance(exc, UnexpectedExit):

@@ -11,9 +11,9 @@ Batching, parallelism and the --max-fail stop are ops/fleet/batches.py's; the pe
 
 from __future__ import annotations
 
-from ops.fleet.batches import BatchRun, HostResult, Outcome, describe_error, run_batches
+from ops.fleet.batches import BatchRun, HostResult, Outcome, StepError, describe_error, run_batches
 from ops.fleet.release import Release, stage_release
-from ops.fleet.transport import Fleet, StepError
+from ops.fleet.transport import Fleet
 
 
 def rollout(fleet: Fleet, release: Release, *, batch: str = "1,25%,50%", max_fail: str | int = 0,
@@ -31,7 +31,7 @@ def rollout(fleet: Fleet, release: Release, *, batch: str = "1,25%,50%", max_fai
                                       message="already on it and ready")
             staged = stage_release(fleet, name, release, info)
         except Exception as e:  # nothing serving was touched yet: say so
-            outcome, message = (Outcome.FAILED, str(e)) if isinstance(e, StepError) else describe_error(e)
+            outcome, message = describe_error(e)
             return HostResult(name, outcome, message=f"{message} (before any change; still serving)")
         result = fleet.swap_in(name, release.id, before if before != release.id else None)
         result.message = f"{staged}; {result.message}"
@@ -60,7 +60,7 @@ def rollback(fleet: Fleet, to: str | None = None, *, batch: str = "1,25%,50%", m
             if target not in have:
                 raise StepError(f"release {target} is not on the host (it has {', '.join(sorted(have)) or 'none'})")
         except Exception as e:
-            outcome, message = (Outcome.FAILED, str(e)) if isinstance(e, StepError) else describe_error(e)
+            outcome, message = describe_error(e)
             return HostResult(name, outcome, message=f"{message} (nothing changed)")
         if info["current"] == target:
             return HostResult(name, Outcome.UNCHANGED, release=target, before=target, message="already on it")
@@ -71,8 +71,6 @@ def rollback(fleet: Fleet, to: str | None = None, *, batch: str = "1,25%,50%", m
 
 
 def restart(fleet: Fleet, *, batch: str = "1", max_fail: str | int = 0, parallel: int = 4) -> BatchRun:
-    def step(name: str) -> HostResult:
-        return fleet.swap_in(name, None, None)
-
-    return run_batches("restart", "current release", [h.name for h in fleet.hosts], step, batch=batch,
-                       max_fail=max_fail, parallel=parallel, echo=fleet.echo)
+    return run_batches("restart", "current release", [h.name for h in fleet.hosts],
+                       lambda name: fleet.swap_in(name, None, None), batch=batch, max_fail=max_fail,
+                       parallel=parallel, echo=fleet.echo)

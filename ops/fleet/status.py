@@ -7,7 +7,7 @@ from typing import Any
 
 from ops.fleet.batches import describe_error, format_table
 from ops.fleet.inventory import Host
-from ops.fleet.transport import Fleet, StepError
+from ops.fleet.transport import Fleet
 
 
 def status(fleet: Fleet, parallel: int = 8) -> list[dict]:
@@ -22,7 +22,7 @@ def status(fleet: Fleet, parallel: int = 8) -> list[dict]:
         try:
             p = fleet.status(host.name)
         except Exception as e:  # shown in the table
-            row["error"] = str(e) if isinstance(e, StepError) else describe_error(e)[1]
+            row["error"] = describe_error(e)[1]
             return row
         ready = p.get("readyz") or {}
         labels = info_labels(p.get("metrics", ""), "vlfleet_model_info")

@@ -16,14 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.fleet.batches import HostResult, Outcome, describe_error
+from ops.fleet.batches import HostResult, Outcome, StepError, describe_error
 from ops.fleet.host_program import ShipError, build, ensure
 from ops.fleet.inventory import FleetError, Host, Inventory
 from service.runtime.contract import TUNED_FILE
-
-
-class StepError(RuntimeError):
-    """A host step reported a failure (the host program's error, or a bad answer)."""
 
 
 def step_command(python: str, program: str, step: str, args: Mapping[str, Any], lock: str | None = None) -> str:
@@ -71,26 +67,25 @@ class Timeouts:
 class Fleet:
     """Connections to the hosts of an inventory, and the steps that change one host."""
 
-    def __init__(self, inventory: Inventory, *, group: str = "vlm", lb_group: str = "lb",
-                 limit: Iterable[str] | None = None, timeouts: Timeouts | None = None,
+    def __init__(self, inventory: Inventory, *, limit: Iterable[str] | None = None, timeouts: Timeouts | None = None,
                  echo: Callable[[str], None] | None = print, ship: bool = True) -> None:
         from fabric import Connection
 
         self.inventory = inventory
         self.timeouts = timeouts or Timeouts()
         self.echo = echo or (lambda _line: None)
-        members = inventory.group(group)
+        members = inventory.group("vlm")
         if not members:
-            raise FleetError(f"the inventory has no hosts in group {group!r}")
+            raise FleetError("the inventory has no hosts in group 'vlm'")
         if limit:
             wanted = list(limit)
             unknown = [h for h in wanted if h not in {m.name for m in members}]
             if unknown:
-                raise FleetError(f"host {', '.join(unknown)} is not in group {group!r} of the inventory "
+                raise FleetError(f"host {', '.join(unknown)} is not in group 'vlm' of the inventory "
                                  f"(it has {', '.join(m.name for m in members)})")
             members = [m for m in members if m.name in wanted]
         self.hosts: list[Host] = members
-        self.lbs: list[Host] = inventory.group(lb_group)
+        self.lbs: list[Host] = inventory.group("lb")
         self._lb_lock = threading.Lock()
         self.program = build()
         self._shipped: dict[str, str] = {} if ship else dict.fromkeys(inventory.hosts, self.program.remote)
@@ -139,6 +134,11 @@ class Fleet:
                                    timeout=timeout or self.timeouts.command)
         return parse_step_output(res.stdout, res.stderr, res.exited)
 
+    def service_step(self, name: str, step: str, args: Mapping[str, Any], timeout: float | None = None) -> dict:
+        """A step about the host's service: it names the release root and the systemd unit."""
+        h = self.host(name)
+        return self.step(name, step, {"root": h.root, "unit": h.unit, **args}, timeout=timeout)
+
     def probe(self, name: str, command: str, *args: object, python: str | None = None,
               timeout: float = 120.0) -> Any:
         """Run the host program's probe ``command`` on host ``name`` as root with ``python`` (default the host's
@@ -151,6 +151,15 @@ class Fleet:
         except (ValueError, IndexError):
             raise StepError(f"the {command} probe failed (exit {done.exited}): "
                             f"{(done.stderr or done.stdout).strip()[-300:]}") from None
+
+    def latency(self, name: str, *args: object, timeout: float) -> list[dict]:
+        """The latency probe (it asks the service, so it runs with the release venv's python): its timed answers,
+        or one row with the error."""
+        try:
+            return self.probe(name, "latency", *args, python=f"{self.host(name).root}/current/venv/bin/python",
+                              timeout=timeout)
+        except StepError as e:
+            return [{"error": str(e)}]
 
     # -- load balancer -------------------------------------------------------------------------------------------
 
@@ -173,14 +182,11 @@ class Fleet:
         return self.step(name, "describe", {"root": self.host(name).root})
 
     def status(self, name: str) -> dict:
-        h = self.host(name)
-        return self.step(name, "status", {"root": h.root, "unit": h.unit, "record": TUNED_FILE}, timeout=60)
+        return self.service_step(name, "status", {"record": TUNED_FILE}, timeout=60)
 
     def activate(self, name: str, release: str | None) -> dict:
-        h = self.host(name)
-        return self.step(name, "activate", {"root": h.root, "unit": h.unit, "release": release,
-                                            "timeout": self.timeouts.ready},
-                         timeout=self.timeouts.ready + 180)
+        ready = self.timeouts.ready
+        return self.service_step(name, "activate", {"release": release, "timeout": ready}, timeout=ready + 180)
 
     def swap_in(self, name: str, release: str | None, before: str | None) -> HostResult:
         """Drain, wait for in-flight requests, activate ``release`` (None: restart), gate, undrain; on a failed
@@ -200,7 +206,7 @@ class Fleet:
                 return HostResult(name, Outcome.OK, release=res["release"], before=before or res.get("from"),
                                   message=f"{note}; ready in {res['ready_s']:.0f}s; smoke {smoke.get('tokens')} "
                                           f"tokens in {smoke.get('seconds')}s")
-            why = res["reason"] + _journal_hint(res.get("journal"))
+            why = res["reason"] + journal_hint(res.get("journal"))
             if not before:  # a restart has nothing to go back to
                 return HostResult(name, Outcome.FAILED, release=res.get("release"), before=before,
                                   message=f"{why}; left out of nginx")
@@ -212,13 +218,13 @@ class Fleet:
             return HostResult(name, Outcome.FAILED, release=back.get("release"), before=before,
                               message=f"{why}; rollback to {before} failed too: {back['reason']}; left out of nginx")
         except Exception as e:  # reported per host
-            outcome, message = (Outcome.FAILED, str(e)) if isinstance(e, StepError) else describe_error(e)
+            outcome, message = describe_error(e)
             if drained:
                 message += "; left out of nginx (drained) until someone looks"
             return HostResult(name, outcome, before=before, message=message)
 
 
-def _journal_hint(journal: list[str] | None) -> str:
+def journal_hint(journal: list[str] | None) -> str:
     """The journal line most likely to say why: the service's own last words, not systemd's bookkeeping."""
     lines = [line for line in (journal or []) if line.strip()]
     own = [line for line in lines if not _SYSTEMD_LINE.match(line)]

@@ -26,7 +26,7 @@ from typing import Any
 
 from ops.fleet.batches import describe_error, format_table
 from ops.fleet.inventory import FleetError
-from ops.fleet.transport import Fleet, StepError, _journal_hint
+from ops.fleet.transport import Fleet, journal_hint
 from ops.host.layout import service_address
 from ops.machine import isa
 from service.runtime.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
@@ -43,7 +43,6 @@ class Options:
     tokens: int = 128
     runs: int = 3
     clients: int = 1  # answers asked at once in each run: the traffic the host should be chosen for
-    ready_timeout: float = 600.0  # one restart: model load + warm-up
     probe_timeout: float = 300.0  # one answer
     parallel: int = 4
     out: Path | None = None  # directory for tune-<host>.json (default: $VLFLEET_CACHE/reports)
@@ -219,60 +218,36 @@ def record(host: str, engine: str, why: str, pinned: bool, candidates: Sequence[
     }
 
 
-def describe_candidate(c: Candidate, runs: int, tokens: int, clients: int = 1) -> str:
+def describe_candidate(c: Candidate, opts: Options) -> str:
     if c.status == FAILED:
         return f"{c.engine}: failed: {c.reason}"
     rss = f"{c.peak_rss_bytes // MiB} MiB" if c.peak_rss_bytes is not None else "unknown"
-    asked = f"{runs} x {clients} at once x" if clients > 1 else f"{runs} x"
-    line = (f"{c.engine}: ready in {c.ready_s} s; {asked} {tokens} tokens: {c.score_s} s to the whole answer "
+    asked = f"{opts.runs} x {opts.clients} at once x" if opts.clients > 1 else f"{opts.runs} x"
+    line = (f"{c.engine}: ready in {c.ready_s} s; {asked} {opts.tokens} tokens: {c.score_s} s to the whole answer "
             f"(first token {c.first_token_s} s, {c.ms_per_token} ms/token), peak RSS {rss}")
     return line + (f"; {c.reason}" if c.status == OVER_BUDGET else "")
 
 
 # -- one host ---------------------------------------------------------------------------------------------------
 
-class _Host:
-    """The steps tune takes on one host (over the fleet's SSH connection)."""
+def _set_engine(fleet: Fleet, name: str, engine: str | None) -> dict:
+    ready = fleet.timeouts.ready
+    return fleet.service_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": engine, "timeout": ready},
+                              timeout=ready + 180)
 
-    def __init__(self, fleet: Fleet, name: str, opts: Options) -> None:
-        self.fleet, self.name, self.opts = fleet, name, opts
-        self.host = fleet.host(name)
 
-    def step(self, command: str, args: dict, timeout: float | None = None) -> dict:
-        return self.fleet.step(self.name, command, {"root": self.host.root, "unit": self.host.unit, **args},
-                               timeout=timeout)
-
-    def info(self) -> dict:
-        return self.step("tune_info", {"override": ENGINE_ENV_FILE, "record": TUNED_FILE})
-
-    def cpu(self) -> dict:
-        return self.fleet.probe(self.name, "facts", self.host.root)
-
-    def set_engine(self, engine: str | None) -> dict:
-        return self.step("set_engine", {"override": ENGINE_ENV_FILE, "engine": engine,
-                                        "timeout": self.opts.ready_timeout},
-                         timeout=self.opts.ready_timeout + 180)
-
-    def latency(self, env: dict) -> list[dict]:
-        addr, port = service_address(env)
-        python = f"{self.host.root}/current/venv/bin/python"
-        n = self.opts.clients
-        # one answer may wait for the n - 1 asked with it: each gets n times the bound of a lone one
-        args = [addr, port, self.opts.tokens, self.opts.runs, self.opts.probe_timeout * n,
-                env.get("VLFLEET_API_KEYS_FILE", ""), n]  # the keys file is read on the host: keys never leave it
-        try:
-            return self.fleet.probe(self.name, "latency", *args, python=python,
-                                    timeout=self.opts.probe_timeout * n * self.opts.runs + 60)
-        except StepError as e:
-            return [{"error": str(e)}]
-
-    def measure(self, engine: str, env: dict, limit: int | None) -> Candidate:
-        started = self.set_engine(engine)
-        if not started["ok"]:
-            return Candidate(engine, FAILED, reason=started["reason"] + _journal_hint(started.get("journal")))
-        runs = self.latency(env)
-        mem = self.step("peak", {})
-        return evaluate(engine, runs, self.opts.tokens, mem.get("peak_rss_bytes"), limit, started.get("ready_s"))
+def _measure(fleet: Fleet, name: str, opts: Options, engine: str, env: dict, limit: int | None) -> Candidate:
+    started = _set_engine(fleet, name, engine)
+    if not started["ok"]:
+        return Candidate(engine, FAILED, reason=started["reason"] + journal_hint(started.get("journal")))
+    addr, port = service_address(env)
+    n = opts.clients
+    # one answer may wait for the n - 1 asked with it: each gets n times the bound of a lone one; the keys file is
+    # read on the host: keys never leave it
+    runs = fleet.latency(name, addr, port, opts.tokens, opts.runs, opts.probe_timeout * n,
+                         env.get("VLFLEET_API_KEYS_FILE", ""), n, timeout=opts.probe_timeout * n * opts.runs + 60)
+    mem = fleet.service_step(name, "peak", {})
+    return evaluate(engine, runs, opts.tokens, mem.get("peak_rss_bytes"), limit, started.get("ready_s"))
 
 
 def _controller_copy(rec: dict, out: Path | None) -> Path:
@@ -288,15 +263,16 @@ def _controller_copy(rec: dict, out: Path | None) -> Path:
 def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None] = print) -> HostTune:
     """Measure, choose, run on the choice, record; a failure is this host's result, never an exception."""
     started = time.monotonic()
-    h = _Host(fleet, name, opts)
-    pin = opts.engine or h.host.var("vlfleet_engine") or None
+    host = fleet.host(name)
+    pin = opts.engine or host.var("vlfleet_engine") or None
     try:
         if pin:
             parse_engines([pin])  # a host var with a typo fails this host, before anything changes
-        info, cpu = h.info(), h.cpu()
+        info = fleet.service_step(name, "tune_info", {"override": ENGINE_ENV_FILE, "record": TUNED_FILE})
+        cpu = fleet.probe(name, "facts", host.root)
         steps = plan(opts.engines, pin, info, opts.clients)
     except Exception as e:  # reported per host
-        return HostTune(name, False, None, _why(e))
+        return HostTune(name, False, None, describe_error(e)[1])
     limit = budget(info)
     echo(f"[tune] {name}: {cpu.get('model') or 'CPU ?'}; budget {limit[1]}; "
          + ("pinned " + pin if pin else "candidates " + ", ".join(e for e, skip in steps if not skip)))
@@ -304,12 +280,12 @@ def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None
     try:
         fleet.set_drained([name], [])
         drained = True
-        h.step("quiesce", {"timeout": fleet.timeouts.drain}, timeout=fleet.timeouts.drain + 60)
-        result = _choose_and_run(h, steps, pin, info, limit, echo)
+        fleet.service_step(name, "quiesce", {"timeout": fleet.timeouts.drain}, timeout=fleet.timeouts.drain + 60)
+        result = _choose_and_run(fleet, name, opts, steps, pin, info, limit[0], echo)
         if result.ok:
             result.record = record(name, result.engine, result.message, bool(pin), result.candidates,
                                    result.skipped, opts, limit, cpu, info, time.monotonic() - started)
-            h.step("write_record", {"path": TUNED_FILE, "record": result.record})
+            fleet.service_step(name, "write_record", {"path": TUNED_FILE, "record": result.record})
             path = _controller_copy(result.record, opts.out)
             echo(f"[tune] {name}: runs {result.engine}: {result.message}; record: {TUNED_FILE}, {path}")
         if not result.stranded:
@@ -317,44 +293,39 @@ def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None
             drained = False
         return result
     except Exception as e:  # reported per host
-        why = _why(e)
-        return HostTune(name, False, None, why + ("; left out of nginx (drained) until someone looks" if drained
-                                                  else ""), stranded=drained)
+        why = describe_error(e)[1] + ("; left out of nginx (drained) until someone looks" if drained else "")
+        return HostTune(name, False, None, why, stranded=drained)
 
 
-def _choose_and_run(h: _Host, steps: list[tuple[str, str | None]], pin: str | None, info: dict,
-                    limit: tuple[int | None, str], echo: Callable[[str], None]) -> HostTune:
+def _choose_and_run(fleet: Fleet, name: str, opts: Options, steps: list[tuple[str, str | None]], pin: str | None,
+                    info: dict, limit: int | None, echo: Callable[[str], None]) -> HostTune:
     """Measure every candidate, then run the service on the choice; on no choice, put back the engine it ran."""
-    result = HostTune(h.name, False, None, "")
+    result = HostTune(name, False, None, "")
     running = None
     for engine, skip in steps:
         if skip:
             result.skipped[engine] = skip
-            echo(f"[tune] {h.name}: {engine}: skipped: {skip}")
+            echo(f"[tune] {name}: {engine}: skipped: {skip}")
             continue
-        c = h.measure(engine, info["env"], limit[0])
+        c = _measure(fleet, name, opts, engine, info["env"], limit)
         running = engine if c.ready_s is not None else None  # it started (whatever its answers were)
         result.candidates.append(c)
-        echo(f"[tune] {h.name}: {describe_candidate(c, h.opts.runs, h.opts.tokens, h.opts.clients)}")
+        echo(f"[tune] {name}: {describe_candidate(c, opts)}")
     choice, why = pick(result.candidates, pin)
     if choice is not None and choice != running:
-        started = h.set_engine(choice)
+        started = _set_engine(fleet, name, choice)
         if not started["ok"]:
             choice, why = None, f"{choice} did not start again: {started['reason']}"
     if choice is not None:
         result.ok, result.engine, result.message = True, choice, why
         return result
-    back = h.set_engine((info.get("override") or {}).get("VLFLEET_ENGINE"))
+    back = _set_engine(fleet, name, (info.get("override") or {}).get("VLFLEET_ENGINE"))
     if back["ok"]:
         result.message = f"{why}; back on {back['engine']} as before"
     else:
         result.message = f"{why}; putting it back failed too: {back['reason']}; left out of nginx"
         result.stranded = True
     return result
-
-
-def _why(e: Exception) -> str:
-    return str(e) if isinstance(e, StepError) else describe_error(e)[1]
 
 
 # -- the fleet --------------------------------------------------------------------------------------------------
