@@ -36,31 +36,24 @@ class Program:
         return f"{HOST_PROGRAM_DIR}/{self.path.name}"
 
 
-def _sources() -> list[Path]:
-    return sorted(SOURCE.glob("*.py"))
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def build(cache: Path | None = None) -> Program:
+def build() -> Program:
     """The archive of the current sources (built once per source digest; parallel builds wait for each other)."""
+    sources = sorted(SOURCE.glob("*.py"))
     digest = hashlib.sha256()
-    for src in _sources():
+    for src in sources:
         digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
-    path = (cache or cache_root() / "host-program") / f"vlfleet-host-{digest.hexdigest()[:16]}.pyz"
+    path = cache_root() / "host-program" / f"vlfleet-host-{digest.hexdigest()[:16]}.pyz"
     with locked(path):
         if not path.is_file():
             with tempfile.TemporaryDirectory() as tmp:
                 package = Path(tmp) / "src" / PACKAGE
                 package.mkdir(parents=True)
-                for src in _sources():
+                for src in sources:
                     shutil.copy2(src, package / src.name)
                 built = Path(tmp) / path.name
                 zipapp.create_archive(package.parent, built, main=f"{PACKAGE}.cli:run")
                 built.replace(path)
-    return Program(path, _sha256(path))
+    return Program(path, hashlib.sha256(path.read_bytes()).hexdigest())
 
 
 def ensure(conn, program: Program) -> str:

@@ -17,7 +17,6 @@ class FleetError(RuntimeError):
     """The fleet cannot be worked on as asked (inventory, arguments); the message says what to change."""
 
 
-
 @dataclass
 class Host:
     name: str

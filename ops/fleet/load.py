@@ -14,11 +14,6 @@ from dataclasses import dataclass, field
 
 from ops.host import client
 
-CLIENTS = 2
-MAX_REQUESTS = 5000  # per load run, whatever happens
-PAUSE = 0.1  # seconds between two requests of one client
-MAX_SECONDS = 1200
-
 
 @dataclass
 class Load:
@@ -31,10 +26,10 @@ class Load:
 
     host: str
     port: int = 80
-    clients: int = CLIENTS
-    max_requests: int = MAX_REQUESTS
-    max_seconds: float = MAX_SECONDS
-    pause: float = PAUSE
+    clients: int = 2
+    max_requests: int = 5000  # per load run, whatever happens
+    max_seconds: float = 1200
+    pause: float = 0.1  # seconds between two requests of one client
     log: list[dict] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)

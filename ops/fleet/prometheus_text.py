@@ -25,7 +25,7 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 def info_labels(text: str, name: str) -> dict[str, str]:
     """Labels of an Info metric (`<name>_info{...} 1`), or {}."""
-    found = samples(text, name if name.endswith("_info") else f"{name}_info")
+    found = samples(text, f"{name}_info")
     return found[0][0] if found else {}
 
 

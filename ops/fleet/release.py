@@ -77,22 +77,26 @@ def release_changes(release: Release, root: str) -> dict[str, str]:
     return changes
 
 
-def _upload_dir(conn, local: Path, remote: str) -> None:
-    """Copy a directory tree to ``remote`` (a fresh path the SSH user may write) over SFTP."""
-    conn.run(f"rm -rf {shlex.quote(remote)} && mkdir -p {shlex.quote(remote)}", hide=True, in_stream=False)
+def _upload(fleet: Fleet, name: str, local: Path, tag: str, place: dict[str, str],
+            timeout: float | None = None) -> None:
+    """Copy a directory tree over SFTP to a fresh directory of the SSH user; the place step moves it, as root, to
+    ``place["dest"]``."""
+    conn = fleet.conns[name]
+    upload = f"/tmp/vlfleet-upload-{tag}"
+    conn.run(f"rm -rf {shlex.quote(upload)} && mkdir -p {shlex.quote(upload)}", hide=True, in_stream=False)
     sftp = conn.sftp()
     for path in sorted(local.rglob("*")):
-        target = f"{remote}/{path.relative_to(local).as_posix()}"
+        target = f"{upload}/{path.relative_to(local).as_posix()}"
         if path.is_dir():
             sftp.mkdir(target)
         elif path.is_file():
             sftp.put(str(path), target)
+    fleet.step(name, "place", {"src": upload, **place}, timeout=timeout)
 
 
 def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, Any]) -> str:
     """Put ``release`` on the host beside the running one; returns what was done."""
     h = fleet.host(name)
-    conn = fleet.conns[name]
     args: dict[str, Any] = {"root": h.root, "release": release.id, "python": h.python,
                             "group": h.var("vlm_service_group", "vlfleet"), "env_from": info["current"],
                             "changes": release_changes(release, h.root)}
@@ -106,18 +110,13 @@ def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, 
         if same:
             args["venv_from"] = same[-1]
         else:
-            upload = f"/tmp/vlfleet-upload-{sha[:12]}"  # a fresh dir of the SSH user, moved by root
-            _upload_dir(conn, release.wheelhouse, upload)  # type: ignore[arg-type]
-            dest = f"{h.root}/wheelhouses/{release.id}"
-            fleet.step(name, "place", {"src": upload, "dest": dest})
-            args["wheelhouse"] = dest
+            args["wheelhouse"] = f"{h.root}/wheelhouses/{release.id}"
+            _upload(fleet, name, release.wheelhouse, sha[:12], {"dest": args["wheelhouse"]})  # type: ignore[arg-type]
     done = fleet.step(name, "stage", args, timeout=1900)
     what = f"venv {done['venv']}"
     if release.artifact_id and release.artifact_id not in info["models"]:
-        upload = f"/tmp/vlfleet-upload-{release.artifact_id[:40]}"  # as above
-        _upload_dir(conn, release.artifact, upload)  # type: ignore[arg-type]
-        fleet.step(name, "place", {"src": upload, "dest": f"{h.root}/models/{release.artifact_id}",
-                                   "verify_with": f"{h.root}/releases/{release.id}/venv/bin/python"},
-                   timeout=1900)
+        _upload(fleet, name, release.artifact, release.artifact_id[:40],  # type: ignore[arg-type]
+                {"dest": f"{h.root}/models/{release.artifact_id}",
+                 "verify_with": f"{h.root}/releases/{release.id}/venv/bin/python"}, timeout=1900)
         what += f", model {release.artifact_id} copied and verified"
     return what

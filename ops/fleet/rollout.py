@@ -24,11 +24,9 @@ def rollout(fleet: Fleet, release: Release, *, batch: str = "1,25%,50%", max_fai
             if not info.get("current"):
                 raise StepError("no current release on the host: converge it with `vlfleet site` first")
             before = info["current"]
-            if before == release.id:
-                probe = fleet.status(name)
-                if probe.get("readyz_status") == 200:
-                    return HostResult(name, Outcome.UNCHANGED, release=before, before=before,
-                                      message="already on it and ready")
+            if before == release.id and fleet.status(name).get("readyz_status") == 200:
+                return HostResult(name, Outcome.UNCHANGED, release=before, before=before,
+                                  message="already on it and ready")
             staged = stage_release(fleet, name, release, info)
         except Exception as e:  # nothing serving was touched yet: say so
             outcome, message = describe_error(e)

@@ -39,17 +39,15 @@ def step_args(cmd: str) -> dict:
 
 
 def parse_step_output(stdout: str, stderr: str, exited: int) -> dict:
-    lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
-    if lines:
-        try:
-            result = json.loads(lines[-1])
-        except ValueError:
-            result = None
-        if isinstance(result, dict):
-            if "error" in result:
-                raise StepError(result["error"])
-            if exited == 0:
-                return result
+    answers = [line for line in stdout.strip().splitlines() if line.startswith("{")]
+    try:
+        result = json.loads(answers[-1])
+    except (IndexError, ValueError):
+        result = None
+    if isinstance(result, dict) and "error" in result:
+        raise StepError(result["error"])
+    if isinstance(result, dict) and exited == 0:
+        return result
     tail = (stderr or stdout).strip().splitlines()[-3:]
     if exited != 0 and any("sudo" in line and "password" in line for line in tail):
         raise StepError("sudo asks for a password: the SSH user needs passwordless sudo on the host")
@@ -130,8 +128,7 @@ class Fleet:
              lock: str | None = None) -> dict:
         """Run host program step ``step`` on host ``name`` (as root); its answer, or StepError."""
         cmd = step_command(self.host(name).python, self.program_on(name), step, args, lock)
-        res = self.conns[name].run(cmd, hide=True, warn=True, in_stream=False,
-                                   timeout=timeout or self.timeouts.command)
+        res = self.conns[name].run(cmd, hide=True, warn=True, in_stream=False, timeout=timeout or self.timeouts.command)
         return parse_step_output(res.stdout, res.stderr, res.exited)
 
     def service_step(self, name: str, step: str, args: Mapping[str, Any], timeout: float | None = None) -> dict:
@@ -139,8 +136,7 @@ class Fleet:
         h = self.host(name)
         return self.step(name, step, {"root": h.root, "unit": h.unit, **args}, timeout=timeout)
 
-    def probe(self, name: str, command: str, *args: object, python: str | None = None,
-              timeout: float = 120.0) -> Any:
+    def probe(self, name: str, command: str, *args: object, python: str | None = None, timeout: float = 120.0) -> Any:
         """Run the host program's probe ``command`` on host ``name`` as root with ``python`` (default the host's
         python3; the release venv's for the probes that ask the service); its JSON answer, or StepError."""
         argv = [python or self.host(name).python, self.program_on(name), command, *(str(a) for a in args)]
@@ -195,8 +191,7 @@ class Fleet:
         try:
             self.set_drained([name], [])
             drained = True
-            h = self.host(name)
-            q = self.step(name, "quiesce", {"root": h.root, "timeout": self.timeouts.drain},
+            q = self.step(name, "quiesce", {"root": self.host(name).root, "timeout": self.timeouts.drain},
                           timeout=self.timeouts.drain + 60)
             note = f"drained ({q['waited_s']:.0f}s" + (f", {q['left']} request(s) cut off)" if q["left"] else ")")
             res = self.activate(name, release)

@@ -22,14 +22,15 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ops.fleet.batches import describe_error, format_table
 from ops.fleet.inventory import FleetError
 from ops.fleet.transport import Fleet, journal_hint
 from ops.host.layout import service_address
 from ops.machine import isa
+from ops.paths import cache_root
 from service.runtime.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
+from service.runtime.settings import FIELDS
 
 RECORD_VERSION = 1
 MiB = 1024 * 1024
@@ -125,22 +126,17 @@ def _llamacpp_missing(server: dict) -> str | None:
     return None
 
 
-def _setting_default(name: str) -> Any:
-    from service.runtime.settings import FIELDS
-
-    return next(f.default for f in FIELDS if f.name == name)
-
-
 def budget(info: dict) -> tuple[int | None, str]:
     """The most memory the service may peak at on this host, and where that figure comes from: the memory guard's
     high-water share of its limit (VLFLEET_MEMORY_LIMIT_MB, else the unit's MemoryHigh), above which the service
     refuses new requests; else the unit's MemoryMax (the OOM kill); else none."""
     env = info.get("env") or {}
+    default_high = next(f.default for f in FIELDS if f.name == "memory_high_water")
     try:
-        high = float(env.get("VLFLEET_MEMORY_HIGH_WATER") or _setting_default("memory_high_water"))
+        high = float(env.get("VLFLEET_MEMORY_HIGH_WATER") or default_high)
         limit_mb = int(env.get("VLFLEET_MEMORY_LIMIT_MB") or 0)
     except ValueError:  # the service itself refuses such an env; judge by the defaults here
-        high, limit_mb = _setting_default("memory_high_water"), 0
+        high, limit_mb = default_high, 0
     if limit_mb > 0:
         return int(limit_mb * MiB * high), f"{high:.0%} of VLFLEET_MEMORY_LIMIT_MB={limit_mb} (load shedding above)"
     if info.get("memory_high"):
@@ -202,16 +198,15 @@ def pick(candidates: Sequence[Candidate], pin: str | None = None) -> tuple[str |
         f" (vs {others})" if others else "")
 
 
-def record(host: str, engine: str, why: str, pinned: bool, candidates: Sequence[Candidate],
-           skipped: dict[str, str], opts: Options, limit: tuple[int | None, str], cpu: dict, info: dict,
+def record(result: HostTune, pinned: bool, opts: Options, limit: tuple[int | None, str], cpu: dict, info: dict,
            seconds: float, now: dt.datetime | None = None) -> dict:
     """The JSON record of one host's tune, as written on the host and on the controller."""
     now = now or dt.datetime.now(dt.timezone.utc)
     return {
-        "version": RECORD_VERSION, "host": host, "engine": engine, "why": why, "pinned": pinned,
-        "tokens": opts.tokens, "runs": opts.runs, "clients": opts.clients,
-        "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in candidates},
-        "skipped": dict(skipped),
+        "version": RECORD_VERSION, "host": result.host, "engine": result.engine, "why": result.message,
+        "pinned": pinned, "tokens": opts.tokens, "runs": opts.runs, "clients": opts.clients,
+        "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in result.candidates},
+        "skipped": dict(result.skipped),
         "budget_bytes": limit[0], "budget": limit[1],
         "cpu": {"model": cpu.get("model") or None, "isa": isa(cpu.get("flags", "")), "flags": cpu.get("flags", "")},
         "release": info.get("release"), "time": now.isoformat(timespec="seconds"), "seconds": round(seconds, 1),
@@ -251,8 +246,6 @@ def _measure(fleet: Fleet, name: str, opts: Options, engine: str, env: dict, lim
 
 
 def _controller_copy(rec: dict, out: Path | None) -> Path:
-    from ops.paths import cache_root
-
     folder = out or cache_root() / "reports"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"tune-{rec['host']}.json"
@@ -283,8 +276,7 @@ def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None
         fleet.service_step(name, "quiesce", {"timeout": fleet.timeouts.drain}, timeout=fleet.timeouts.drain + 60)
         result = _choose_and_run(fleet, name, opts, steps, pin, info, limit[0], echo)
         if result.ok:
-            result.record = record(name, result.engine, result.message, bool(pin), result.candidates,
-                                   result.skipped, opts, limit, cpu, info, time.monotonic() - started)
+            result.record = record(result, bool(pin), opts, limit, cpu, info, time.monotonic() - started)
             fleet.service_step(name, "write_record", {"path": TUNED_FILE, "record": result.record})
             path = _controller_copy(result.record, opts.out)
             echo(f"[tune] {name}: runs {result.engine}: {result.message}; record: {TUNED_FILE}, {path}")
