@@ -16,13 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ops.fleet.host_program import StepError
+
 
 class RolloutError(ValueError):
     """A bad --batch or --max-fail value; the message says what is accepted."""
-
-
-class StepError(RuntimeError):
-    """A host step reported a failure (the host program's error, or a bad answer)."""
 
 
 class Outcome(str, Enum):
@@ -64,9 +62,8 @@ class BatchRun:
 
     def table(self) -> str:
         rows = [("host", "batch", "result", "before", "now", "time", "details")]
-        for r in self.results:
-            rows.append((r.host, str(r.batch) if r.batch else "-", r.outcome.value, r.before or "-",
-                         r.release or "-", f"{r.seconds:.0f}s" if r.batch else "-", r.message))
+        rows += [(r.host, str(r.batch) if r.batch else "-", r.outcome.value, r.before or "-", r.release or "-",
+                  f"{r.seconds:.0f}s" if r.batch else "-", r.message) for r in self.results]
         return format_table(rows)
 
     def summary(self) -> str:

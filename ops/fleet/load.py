@@ -1,9 +1,5 @@
-"""A steady client load through the load balancer while the fleet changes: clients looping chat requests (streamed
-and not) until stopped, bounded in count and time, with one record per request and a summary (requests, failures,
-first-token percentiles).
-
-Used by the rollout e2e tests and by `vlfleet staging.scale`: every request made during a rollout must succeed.
-"""
+"""A steady client load through the load balancer while the fleet changes, for the rollout e2e tests and
+`vlfleet staging.scale`: every request made during a rollout must succeed."""
 
 from __future__ import annotations
 
@@ -17,11 +13,11 @@ from ops.host import client
 
 @dataclass
 class Load:
-    """Clients looping chat requests through nginx until stopped (bounded in count and time).
+    """Clients looping chat requests (streamed and not) through nginx until stopped, bounded in count and time.
 
     ``with Load(lb_address) as load: ...`` runs the clients for the block; ``load.log`` holds one record per
     request (``ok``, ``stream``, ``status``, ``first_token_s``, ``seconds``, ``error``), ``load.summary()`` the
-    counts.
+    counts (requests, failures, first-token percentiles).
     """
 
     host: str
@@ -62,10 +58,9 @@ class Load:
             time.sleep(self.pause)
 
     def __enter__(self) -> Load:
-        for i in range(self.clients):
-            t = threading.Thread(target=self._loop, args=(i,), daemon=True)
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(self.clients)]
+        for t in self._threads:
             t.start()
-            self._threads.append(t)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -46,15 +46,12 @@ class Release:
 
     @property
     def wheelhouse_sha(self) -> str | None:
-        if self.wheelhouse is None:
-            return None
-        return hashlib.sha256((self.wheelhouse / "requirements.txt").read_bytes()).hexdigest()
+        return (hashlib.sha256((self.wheelhouse / "requirements.txt").read_bytes()).hexdigest()
+                if self.wheelhouse else None)
 
     @property
     def artifact_id(self) -> str | None:
-        if self.artifact is None:
-            return None
-        return json.loads((self.artifact / "manifest.json").read_text())["artifact_id"]
+        return json.loads((self.artifact / "manifest.json").read_text())["artifact_id"] if self.artifact else None
 
 
 def parse_env_option(pairs: str | None) -> dict[str, str]:

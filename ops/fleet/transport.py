@@ -1,7 +1,6 @@
 """Talking to the live fleet's hosts over SSH with Fabric: one connection per host, the host program's command line
 (ops/host/, put on each host once per version by ops/fleet/host_program.py: `sudo python3 <program> STEP ARGS`, so a
-host needs only its distribution's python3) and its answer, and the steps that change one host (drain in nginx,
-quiesce, activate and gate, undrain; back to the previous release on a failed gate)."""
+host needs only its distribution's python3) and its answer, and the lb step that drains a host in nginx."""
 
 from __future__ import annotations
 
@@ -11,13 +10,12 @@ import json
 import re
 import shlex
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.fleet.batches import HostResult, Outcome, StepError, describe_error
-from ops.fleet.host_program import ShipError, build, ensure
+from ops.fleet.host_program import StepError, build, ensure
 from ops.fleet.inventory import FleetError, Host, Inventory
 from service.runtime.contract import TUNED_FILE
 
@@ -63,12 +61,10 @@ class Timeouts:
 
 
 class Fleet:
-    """Connections to the hosts of an inventory, and the steps that change one host."""
+    """Connections to the hosts of an inventory, and the host program's steps and probes on them."""
 
-    def __init__(self, inventory: Inventory, *, limit: Iterable[str] | None = None, timeouts: Timeouts | None = None,
+    def __init__(self, inventory: Inventory, *, limit: Collection[str] | None = None, timeouts: Timeouts | None = None,
                  echo: Callable[[str], None] | None = print, ship: bool = True) -> None:
-        from fabric import Connection
-
         self.inventory = inventory
         self.timeouts = timeouts or Timeouts()
         self.echo = echo or (lambda _line: None)
@@ -76,40 +72,38 @@ class Fleet:
         if not members:
             raise FleetError("the inventory has no hosts in group 'vlm'")
         if limit:
-            wanted = list(limit)
-            unknown = [h for h in wanted if h not in {m.name for m in members}]
+            unknown = [h for h in limit if h not in {m.name for m in members}]
             if unknown:
                 raise FleetError(f"host {', '.join(unknown)} is not in group 'vlm' of the inventory "
                                  f"(it has {', '.join(m.name for m in members)})")
-            members = [m for m in members if m.name in wanted]
+            members = [m for m in members if m.name in limit]
         self.hosts: list[Host] = members
         self.lbs: list[Host] = inventory.group("lb")
         self._lb_lock = threading.Lock()
         self.program = build()
         self._shipped: dict[str, str] = {} if ship else dict.fromkeys(inventory.hosts, self.program.remote)
         # Connections are made up front, in inventory order: a host's connection is used by one thread at a time.
-        self.conns = {h.name: self._connect(Connection, h) for h in self.hosts + self.lbs}
+        self.conns = {h.name: self._connect(h) for h in self.hosts + self.lbs}
 
-    def _connect(self, connection_class, host: Host):
+    def _connect(self, host: Host):
+        from fabric import Connection
+
         kwargs: dict[str, Any] = {"banner_timeout": self.timeouts.connect, "auth_timeout": self.timeouts.connect}
         key = host.var("ansible_ssh_private_key_file") or host.var("ansible_private_key_file")
         if key:
             kwargs["key_filename"] = str(Path(str(key)).expanduser())
         port = host.var("ansible_port") or host.var("ansible_ssh_port")
-        return connection_class(host.address, user=host.var("ansible_user"), port=int(port) if port else None,
-                                connect_timeout=self.timeouts.connect, connect_kwargs=kwargs)
-
-    def close(self) -> None:
-        for c in self.conns.values():
-            # closing a dead connection must not hide the report
-            with contextlib.suppress(Exception):
-                c.close()
+        return Connection(host.address, user=host.var("ansible_user"), port=int(port) if port else None,
+                          connect_timeout=self.timeouts.connect, connect_kwargs=kwargs)
 
     def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        for c in self.conns.values():
+            # closing a dead connection must not hide the report
+            with contextlib.suppress(Exception):
+                c.close()
 
     def host(self, name: str) -> Host:
         return self.inventory.hosts[name]
@@ -118,10 +112,7 @@ class Fleet:
         """The host program's path on host ``name``, put there first unless it is there already (one host's
         connection is used by one thread at a time, so is its entry here)."""
         if name not in self._shipped:
-            try:
-                self._shipped[name] = ensure(self.conns[name], self.program)
-            except ShipError as e:
-                raise StepError(str(e)) from None
+            self._shipped[name] = ensure(self.conns[name], self.program)
         return self._shipped[name]
 
     def step(self, name: str, step: str, args: Mapping[str, Any], timeout: float | None = None,
@@ -135,6 +126,12 @@ class Fleet:
         """A step about the host's service: it names the release root and the systemd unit."""
         h = self.host(name)
         return self.step(name, step, {"root": h.root, "unit": h.unit, **args}, timeout=timeout)
+
+    def restart_step(self, name: str, step: str, args: Mapping[str, Any]) -> dict:
+        """A service step that restarts the unit and waits until it is ready, within the ready timeout (SSH gives it
+        three minutes more: the host's own bound should be the one that says why)."""
+        ready = self.timeouts.ready
+        return self.service_step(name, step, {**args, "timeout": ready}, timeout=ready + 180)
 
     def probe(self, name: str, command: str, *args: object, python: str | None = None, timeout: float = 120.0) -> Any:
         """Run the host program's probe ``command`` on host ``name`` as root with ``python`` (default the host's
@@ -179,44 +176,6 @@ class Fleet:
 
     def status(self, name: str) -> dict:
         return self.service_step(name, "status", {"record": TUNED_FILE}, timeout=60)
-
-    def activate(self, name: str, release: str | None) -> dict:
-        ready = self.timeouts.ready
-        return self.service_step(name, "activate", {"release": release, "timeout": ready}, timeout=ready + 180)
-
-    def swap_in(self, name: str, release: str | None, before: str | None) -> HostResult:
-        """Drain, wait for in-flight requests, activate ``release`` (None: restart), gate, undrain; on a failed
-        gate go back to ``before`` (when given). Exceptions leave the host drained and become its result."""
-        drained = False
-        try:
-            self.set_drained([name], [])
-            drained = True
-            q = self.step(name, "quiesce", {"root": self.host(name).root, "timeout": self.timeouts.drain},
-                          timeout=self.timeouts.drain + 60)
-            note = f"drained ({q['waited_s']:.0f}s" + (f", {q['left']} request(s) cut off)" if q["left"] else ")")
-            res = self.activate(name, release)
-            if res["ok"]:
-                self.set_drained([], [name])
-                smoke = res.get("smoke") or {}
-                return HostResult(name, Outcome.OK, release=res["release"], before=before or res.get("from"),
-                                  message=f"{note}; ready in {res['ready_s']:.0f}s; smoke {smoke.get('tokens')} "
-                                          f"tokens in {smoke.get('seconds')}s")
-            why = res["reason"] + journal_hint(res.get("journal"))
-            if not before:  # a restart has nothing to go back to
-                return HostResult(name, Outcome.FAILED, release=res.get("release"), before=before,
-                                  message=f"{why}; left out of nginx")
-            back = self.activate(name, before)
-            if back["ok"]:
-                self.set_drained([], [name])
-                return HostResult(name, Outcome.ROLLED_BACK, release=back["release"], before=before,
-                                  message=f"{why}; back on {before}")
-            return HostResult(name, Outcome.FAILED, release=back.get("release"), before=before,
-                              message=f"{why}; rollback to {before} failed too: {back['reason']}; left out of nginx")
-        except Exception as e:  # reported per host
-            outcome, message = describe_error(e)
-            if drained:
-                message += "; left out of nginx (drained) until someone looks"
-            return HostResult(name, outcome, before=before, message=message)
 
 
 def journal_hint(journal: list[str] | None) -> str:

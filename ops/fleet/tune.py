@@ -8,8 +8,6 @@ program's `latency` probe) and reads the service's peak RSS. The score is the me
 is pinned (`--engine`, or `vlfleet_engine` in the host's inventory vars); the service is restarted on it and the
 record is written on the host (service.runtime.contract.TUNED_FILE) and on the controller (tune-<host>.json). The
 host is out of nginx meanwhile.
-
-The choices (plan, budget, score, pick, record) are pure functions, apart from the steps that talk to a host.
 """
 
 from __future__ import annotations
@@ -154,8 +152,7 @@ def score(runs: Sequence[dict], tokens: int) -> tuple[float | None, str]:
         return None, "no answer was timed"
     bad = [r for r in runs if r.get("error") or r.get("tokens") != tokens or r.get("total_s") is None]
     if bad:
-        first = bad[0]
-        why = first.get("error") or f"{first.get('tokens')} tokens instead of {tokens}"
+        why = bad[0].get("error") or f"{bad[0].get('tokens')} tokens instead of {tokens}"
         return None, f"{len(bad)} of {len(runs)} answers incomplete: {str(why)[:300]}"
     return round(statistics.median(r["total_s"] for r in runs), 4), ""
 
@@ -175,8 +172,7 @@ def evaluate(engine: str, runs: Sequence[dict], tokens: int, peak_rss: int | Non
     if value is None:
         c.status, c.reason = FAILED, why
     elif limit is not None and peak_rss is not None and peak_rss > limit:
-        c.status = OVER_BUDGET
-        c.reason = f"peak RSS {peak_rss // MiB} MiB is over the budget of {limit // MiB} MiB"
+        c.status, c.reason = OVER_BUDGET, f"peak RSS {peak_rss // MiB} MiB is over the budget of {limit // MiB} MiB"
     return c
 
 
@@ -225,14 +221,8 @@ def describe_candidate(c: Candidate, opts: Options) -> str:
 
 # -- one host ---------------------------------------------------------------------------------------------------
 
-def _set_engine(fleet: Fleet, name: str, engine: str | None) -> dict:
-    ready = fleet.timeouts.ready
-    return fleet.service_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": engine, "timeout": ready},
-                              timeout=ready + 180)
-
-
 def _measure(fleet: Fleet, name: str, opts: Options, engine: str, env: dict, limit: int | None) -> Candidate:
-    started = _set_engine(fleet, name, engine)
+    started = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": engine})
     if not started["ok"]:
         return Candidate(engine, FAILED, reason=started["reason"] + journal_hint(started.get("journal")))
     addr, port = service_address(env)
@@ -305,13 +295,14 @@ def _choose_and_run(fleet: Fleet, name: str, opts: Options, steps: list[tuple[st
         echo(f"[tune] {name}: {describe_candidate(c, opts)}")
     choice, why = pick(result.candidates, pin)
     if choice is not None and choice != running:
-        started = _set_engine(fleet, name, choice)
+        started = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": choice})
         if not started["ok"]:
             choice, why = None, f"{choice} did not start again: {started['reason']}"
     if choice is not None:
         result.ok, result.engine, result.message = True, choice, why
         return result
-    back = _set_engine(fleet, name, (info.get("override") or {}).get("VLFLEET_ENGINE"))
+    before = (info.get("override") or {}).get("VLFLEET_ENGINE")
+    back = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": before})
     if back["ok"]:
         result.message = f"{why}; back on {back['engine']} as before"
     else:
@@ -324,8 +315,7 @@ def _choose_and_run(fleet: Fleet, name: str, opts: Options, steps: list[tuple[st
 
 def tune(fleet: Fleet, opts: Options, echo: Callable[[str], None] = print) -> list[HostTune]:
     """Every host of the fleet, at most ``opts.parallel`` at once; one host's failure does not stop the others."""
-    workers = max(1, min(opts.parallel, len(fleet.hosts)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:  # it starts no more threads than hosts
         return list(pool.map(lambda h: tune_host(fleet, h.name, opts, echo), fleet.hosts))
 
 
