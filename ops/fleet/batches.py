@@ -149,17 +149,9 @@ def describe_error(exc: BaseException) -> tuple[Outcome, str]:
     return Outcome.FAILED, f"{type(exc).__name__}: {exc}"
 
 
-def run_batches(
-    action: str,
-    target: str,
-    hosts: Sequence[str],
-    step: Callable[[str], HostResult],
-    *,
-    batch: str = "1,25%,50%",
-    max_fail: str | int = 0,
-    parallel: int = 4,
-    echo: Callable[[str], None] | None = print,
-) -> BatchRun:
+def run_batches(action: str, target: str, hosts: Sequence[str], step: Callable[[str], HostResult], *,
+                batch: str = "1,25%,50%", max_fail: str | int = 0, parallel: int = 4,
+                echo: Callable[[str], None] | None = print) -> BatchRun:
     """Run ``step`` for every host, batch after batch, and stop when failures exceed ``max_fail``."""
     if parallel < 1:
         raise RolloutError("--parallel must be at least 1")

@@ -49,9 +49,9 @@ class Load:
             rec["first_token_s"] = a.total_s  # whole answer: the first token is in it
         return rec
 
-    def _loop(self, index: int) -> None:
+    def _loop(self, n: int) -> None:
+        """One client: requests n, n + clients, n + 2 * clients, ..."""
         deadline = time.monotonic() + self.max_seconds
-        n = index
         while not self._stop.is_set() and time.monotonic() < deadline and len(self.log) < self.max_requests:
             self.log.append(self.one(n, stream=n % 2 == 0))
             n += self.clients
@@ -73,8 +73,7 @@ class Load:
 
 
 def summarize(log: list[dict]) -> dict:
-    """Counts of a load's request records: requests, streamed, failures (the first five in ``failed``), and the
-    p50/p95 first-token time of the streamed ones (None without any)."""
+    """Counts of a load's request records; first-token percentiles over the streamed ones (None without any)."""
     ttfts = sorted(r["first_token_s"] for r in log if r["stream"] and "first_token_s" in r)
     failed = [r for r in log if not r["ok"]]
     return {"requests": len(log), "streamed": sum(r["stream"] for r in log), "failures": len(failed),

@@ -1,6 +1,5 @@
-"""A release to roll out (id, wheelhouse, artifact, env changes), and staging it on a host beside the running one
-(the host program's stage step: the venv, and the env file, which it writes: the release's changes on top of
-the env file of the release the host runs)."""
+"""A release to roll out (id, wheelhouse, artifact, env changes), and staging it on a host beside the running one:
+the host program's stage step sets up its venv and writes the release's changes over the running release's env file."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def release_changes(release: Release, root: str) -> dict[str, str]:
 
 def _upload(fleet: Fleet, name: str, local: Path, tag: str, place: dict[str, str],
             timeout: float | None = None) -> None:
-    """Copy a directory tree over SFTP to a fresh directory of the SSH user; the place step moves it, as root, to
-    ``place["dest"]``."""
+    """Copy a directory tree over SFTP to a fresh directory of the SSH user; the place step moves it as root."""
     conn = fleet.conns[name]
     upload = f"/tmp/vlfleet-upload-{tag}"
     conn.run(f"rm -rf {shlex.quote(upload)} && mkdir -p {shlex.quote(upload)}", hide=True, in_stream=False)

@@ -60,7 +60,7 @@ class Timeouts:
     command: float = 300.0  # any other remote step
 
 
-class Fleet:
+class Fleet(contextlib.AbstractContextManager):
     """Connections to the hosts of an inventory, and the host program's steps and probes on them."""
 
     def __init__(self, inventory: Inventory, *, limit: Collection[str] | None = None, timeouts: Timeouts | None = None,
@@ -95,9 +95,6 @@ class Fleet:
         port = host.var("ansible_port") or host.var("ansible_ssh_port")
         return Connection(host.address, user=host.var("ansible_user"), port=int(port) if port else None,
                           connect_timeout=self.timeouts.connect, connect_kwargs=kwargs)
-
-    def __enter__(self) -> Fleet:
-        return self
 
     def __exit__(self, *exc) -> None:
         for c in self.conns.values():
@@ -134,8 +131,8 @@ class Fleet:
         return self.service_step(name, step, {**args, "timeout": ready}, timeout=ready + 180)
 
     def probe(self, name: str, command: str, *args: object, python: str | None = None, timeout: float = 120.0) -> Any:
-        """Run the host program's probe ``command`` on host ``name`` as root with ``python`` (default the host's
-        python3; the release venv's for the probes that ask the service); its JSON answer, or StepError."""
+        """Run the host program's probe ``command`` on host ``name`` as root with ``python`` (default: the host's
+        python3); its JSON answer, or StepError."""
         argv = [python or self.host(name).python, self.program_on(name), command, *(str(a) for a in args)]
         done = self.conns[name].run(shlex.join(["sudo", "-n", *argv]), hide=True, warn=True, in_stream=False,
                                     timeout=timeout)
@@ -154,13 +151,9 @@ class Fleet:
         except StepError as e:
             return [{"error": str(e)}]
 
-    # -- load balancer -------------------------------------------------------------------------------------------
-
     def set_drained(self, drain: list[str], undrain: list[str]) -> None:
         """Mark hosts drained / back in rotation on every lb host (serialized: one nginx site per lb). A host the
         lb's ``lb_drained_hosts`` keeps drained (the operator's switch, which the lb role renders) stays drained."""
-        if not self.lbs:
-            return
         with self._lb_lock:
             for lb in self.lbs:
                 site = f"/etc/nginx/sites-available/{lb.var('lb_site_name', 'vlfleet')}"
@@ -168,8 +161,6 @@ class Fleet:
                 self.step(lb.name, "lb", {"site": site, "drain": drain,
                                           "undrain": [h for h in undrain if h not in kept]},
                           lock="/run/lock/vlfleet-lb.lock")
-
-    # -- one host ------------------------------------------------------------------------------------------------
 
     def describe(self, name: str) -> dict:
         return self.step(name, "describe", {"root": self.host(name).root})
