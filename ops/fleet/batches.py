@@ -9,12 +9,14 @@ left untouched. Whatever a step raises becomes that host's result: never a trace
 
 from __future__ import annotations
 
-import socket
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
+
+from ops.fleet.host_program import StepError
 
 
 class RolloutError(ValueError):
@@ -28,10 +30,6 @@ class Outcome(str, Enum):
     FAILED = "failed"  # failed, and could not be put back: left out of the load balancer
     UNREACHABLE = "unreachable"  # SSH could not connect, or the connection died
     SKIPPED = "skipped"  # never touched: the rollout stopped before its batch
-
-    @property
-    def counts_as_failure(self) -> bool:
-        return self in (Outcome.ROLLED_BACK, Outcome.FAILED, Outcome.UNREACHABLE)
 
 
 @dataclass
@@ -56,7 +54,7 @@ class BatchRun:
 
     @property
     def failures(self) -> list[HostResult]:
-        return [r for r in self.results if r.outcome.counts_as_failure]
+        return [r for r in self.results if r.outcome in (Outcome.ROLLED_BACK, Outcome.FAILED, Outcome.UNREACHABLE)]
 
     @property
     def ok(self) -> bool:
@@ -64,9 +62,8 @@ class BatchRun:
 
     def table(self) -> str:
         rows = [("host", "batch", "result", "before", "now", "time", "details")]
-        for r in self.results:
-            rows.append((r.host, str(r.batch) if r.batch else "-", r.outcome.value, r.before or "-",
-                         r.release or "-", f"{r.seconds:.0f}s" if r.batch else "-", r.message))
+        rows += [(r.host, str(r.batch) if r.batch else "-", r.outcome.value, r.before or "-", r.release or "-",
+                  f"{r.seconds:.0f}s" if r.batch else "-", r.message) for r in self.results]
         return format_table(rows)
 
     def summary(self) -> str:
@@ -83,17 +80,17 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _parse_size(item: str, what: str) -> tuple[int, bool]:
+def _hosts(item: str, what: str, total: int) -> tuple[int, bool]:
+    """A count or a percentage of ``total`` (rounded down) as a number of hosts, and whether it was a percentage."""
     item = item.strip()
     percent = item.endswith("%")
-    number = item[:-1] if percent else item
     try:
-        value = float(number) if percent else int(number)
+        value = float(item[:-1]) if percent else int(item)
     except ValueError:
         raise RolloutError(f"{what}: {item!r} is neither a host count (e.g. 2) nor a percentage (e.g. 25%)") from None
     if value < 0 or (percent and value > 100):
         raise RolloutError(f"{what}: {item!r} is out of range (counts >= 0, percentages 0-100%)")
-    return value, percent  # type: ignore[return-value]
+    return int(total * value / 100) if percent else int(value), percent
 
 
 def batch_sizes(spec: str, total: int) -> list[int]:
@@ -103,36 +100,27 @@ def batch_sizes(spec: str, total: int) -> list[int]:
         raise RolloutError("--batch is empty: give sizes like 1,25%,50% (a canary, then a quarter, then halves)")
     sizes = []
     for item in items:
-        value, percent = _parse_size(item, "--batch")
-        if not percent and value < 1:
+        hosts, percent = _hosts(item, "--batch", total)
+        if not percent and hosts < 1:
             raise RolloutError(f"--batch: a batch of {item.strip()} hosts would never finish; use sizes >= 1")
-        sizes.append(max(1, int(total * value / 100)) if percent else int(value))
+        sizes.append(max(1, hosts))
     out: list[int] = []
-    placed = 0
-    i = 0
-    while placed < total:
-        size = min(sizes[min(i, len(sizes) - 1)], total - placed)
-        out.append(size)
-        placed += size
-        i += 1
+    while sum(out) < total:
+        out.append(min(sizes[min(len(out), len(sizes) - 1)], total - sum(out)))
     return out
 
 
-def plan_batches(hosts: Sequence[str], spec: str = "1,25%,50%") -> list[list[str]]:
+def plan_batches(hosts: Sequence[str], spec: str) -> list[list[str]]:
     """The hosts cut into batches, in inventory order (so the canary is the first host)."""
     if len(set(hosts)) != len(hosts):
         raise RolloutError("a host is listed twice")
-    batches, start = [], 0
-    for size in batch_sizes(spec, len(hosts)):
-        batches.append(list(hosts[start:start + size]))
-        start += size
-    return batches
+    rest = iter(hosts)
+    return [list(itertools.islice(rest, size)) for size in batch_sizes(spec, len(hosts))]
 
 
 def max_failures(value: str | int, total: int) -> int:
     """--max-fail as a number of hosts: "0" (stop at the first failure), "2", or "10%" (of ``total``, rounded down)."""
-    amount, percent = _parse_size(str(value), "--max-fail")
-    return int(total * amount / 100) if percent else int(amount)
+    return _hosts(str(value), "--max-fail", total)[0]
 
 
 def describe_error(exc: BaseException) -> tuple[Outcome, str]:
@@ -140,6 +128,8 @@ def describe_error(exc: BaseException) -> tuple[Outcome, str]:
     from invoke.exceptions import CommandTimedOut, UnexpectedExit
     from paramiko.ssh_exception import AuthenticationException, NoValidConnectionsError, SSHException
 
+    if isinstance(exc, StepError):  # the host program's own words
+        return Outcome.FAILED, str(exc)
     if isinstance(exc, CommandTimedOut):
         return Outcome.FAILED, f"command timed out after {exc.timeout} s: {exc.result.command[:80]}"
     if isinstance(exc, UnexpectedExit):
@@ -150,7 +140,7 @@ def describe_error(exc: BaseException) -> tuple[Outcome, str]:
         return Outcome.UNREACHABLE, f"SSH authentication failed ({exc}); check the user and key in the inventory"
     if isinstance(exc, NoValidConnectionsError):
         return Outcome.UNREACHABLE, f"cannot connect: {exc.strerror or exc}"
-    if isinstance(exc, (socket.timeout, TimeoutError)):
+    if isinstance(exc, TimeoutError):  # socket.timeout too
         return Outcome.UNREACHABLE, f"timed out talking to the host ({exc or 'no answer'})"
     if isinstance(exc, (SSHException, EOFError, ConnectionError)):
         return Outcome.UNREACHABLE, f"connection lost ({type(exc).__name__}: {exc or 'closed'}); host gone?"
@@ -159,17 +149,9 @@ def describe_error(exc: BaseException) -> tuple[Outcome, str]:
     return Outcome.FAILED, f"{type(exc).__name__}: {exc}"
 
 
-def run_batches(
-    action: str,
-    target: str,
-    hosts: Sequence[str],
-    step: Callable[[str], HostResult],
-    *,
-    batch: str = "1,25%,50%",
-    max_fail: str | int = 0,
-    parallel: int = 4,
-    echo: Callable[[str], None] | None = print,
-) -> BatchRun:
+def run_batches(action: str, target: str, hosts: Sequence[str], step: Callable[[str], HostResult], *,
+                batch: str = "1,25%,50%", max_fail: str | int = 0, parallel: int = 4,
+                echo: Callable[[str], None] | None = print) -> BatchRun:
     """Run ``step`` for every host, batch after batch, and stop when failures exceed ``max_fail``."""
     if parallel < 1:
         raise RolloutError("--parallel must be at least 1")

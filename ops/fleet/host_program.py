@@ -21,8 +21,8 @@ SOURCE = Path(host_package.__file__).parent
 PACKAGE = "vlfleet_host"  # its name inside the archive, so it needs nothing of ops/ on the host
 
 
-class ShipError(RuntimeError):
-    """The host program could not be put on a host (upload, install, or a sha256 that differs after it)."""
+class StepError(RuntimeError):
+    """A host program step failed on a host: its error, a bad answer, or the program could not be put there."""
 
 
 @dataclass(frozen=True)
@@ -36,36 +36,28 @@ class Program:
         return f"{HOST_PROGRAM_DIR}/{self.path.name}"
 
 
-def _sources() -> list[Path]:
-    return sorted(SOURCE.glob("*.py"))
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def build(cache: Path | None = None) -> Program:
+def build() -> Program:
     """The archive of the current sources (built once per source digest; parallel builds wait for each other)."""
+    sources = sorted(SOURCE.glob("*.py"))
     digest = hashlib.sha256()
-    for src in _sources():
+    for src in sources:
         digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
-    path = (cache or cache_root() / "host-program") / f"vlfleet-host-{digest.hexdigest()[:16]}.pyz"
+    path = cache_root() / "host-program" / f"vlfleet-host-{digest.hexdigest()[:16]}.pyz"
     with locked(path):
         if not path.is_file():
             with tempfile.TemporaryDirectory() as tmp:
                 package = Path(tmp) / "src" / PACKAGE
                 package.mkdir(parents=True)
-                for src in _sources():
+                for src in sources:
                     shutil.copy2(src, package / src.name)
                 built = Path(tmp) / path.name
                 zipapp.create_archive(package.parent, built, main=f"{PACKAGE}.cli:run")
                 built.replace(path)
-    return Program(path, _sha256(path))
+    return Program(path, hashlib.sha256(path.read_bytes()).hexdigest())
 
 
 def ensure(conn, program: Program) -> str:
-    """Put ``program`` on the host of the Fabric connection ``conn`` unless it is there with its sha256; its path
-    there."""
+    """Put ``program`` on the host of Fabric connection ``conn`` unless it is there with its sha256; its path there."""
     remote = shlex.quote(program.remote)
     have = conn.run(f"sha256sum {remote}", hide=True, warn=True, in_stream=False, timeout=60)
     if have.ok and have.stdout.split()[:1] == [program.sha256]:
@@ -75,6 +67,6 @@ def ensure(conn, program: Program) -> str:
     done = conn.run(f"sudo -n install -D -o root -g root -m 0644 {tmp} {remote}; rc=$?; rm -f {tmp}; "
                     f"[ $rc = 0 ] && sha256sum {remote}", hide=True, warn=True, in_stream=False, timeout=60)
     if not done.ok or done.stdout.split()[:1] != [program.sha256]:
-        raise ShipError(f"could not install the host program at {program.remote}: "
+        raise StepError(f"could not install the host program at {program.remote}: "
                         f"{(done.stderr or done.stdout).strip()[-300:] or 'sha256 differs'}")
     return program.remote

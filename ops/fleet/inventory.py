@@ -17,7 +17,6 @@ class FleetError(RuntimeError):
     """The fleet cannot be worked on as asked (inventory, arguments); the message says what to change."""
 
 
-
 @dataclass
 class Host:
     name: str
@@ -86,9 +85,7 @@ def parse_inventory_json(data: Mapping[str, Any]) -> Inventory:
                 members += walk(child, (*seen, group))
         return members
 
-    for group in data:
-        if group == "_meta":
-            continue
+    for group in (g for g in data if g != "_meta"):
         for name in walk(group):
             hosts.setdefault(name, Host(name, dict(hostvars.get(name) or {})))
             if group not in hosts[name].groups:

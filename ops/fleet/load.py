@@ -1,9 +1,5 @@
-"""A steady client load through the load balancer while the fleet changes: clients looping chat requests (streamed
-and not) until stopped, bounded in count and time, with one record per request and a summary (requests, failures,
-first-token percentiles).
-
-Used by the rollout e2e tests and by `vlfleet staging.scale`: every request made during a rollout must succeed.
-"""
+"""A steady client load through the load balancer while the fleet changes, for the rollout e2e tests and
+`vlfleet staging.scale`: every request made during a rollout must succeed."""
 
 from __future__ import annotations
 
@@ -14,27 +10,22 @@ from dataclasses import dataclass, field
 
 from ops.host import client
 
-CLIENTS = 2
-MAX_REQUESTS = 5000  # per load run, whatever happens
-PAUSE = 0.1  # seconds between two requests of one client
-MAX_SECONDS = 1200
-
 
 @dataclass
 class Load:
-    """Clients looping chat requests through nginx until stopped (bounded in count and time).
+    """Clients looping chat requests (streamed and not) through nginx until stopped, bounded in count and time.
 
     ``with Load(lb_address) as load: ...`` runs the clients for the block; ``load.log`` holds one record per
     request (``ok``, ``stream``, ``status``, ``first_token_s``, ``seconds``, ``error``), ``load.summary()`` the
-    counts.
+    counts (requests, failures, first-token percentiles).
     """
 
     host: str
     port: int = 80
-    clients: int = CLIENTS
-    max_requests: int = MAX_REQUESTS
-    max_seconds: float = MAX_SECONDS
-    pause: float = PAUSE
+    clients: int = 2
+    max_requests: int = 5000  # per load run, whatever happens
+    max_seconds: float = 1200
+    pause: float = 0.1  # seconds between two requests of one client
     log: list[dict] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -58,19 +49,18 @@ class Load:
             rec["first_token_s"] = a.total_s  # whole answer: the first token is in it
         return rec
 
-    def _loop(self, index: int) -> None:
+    def _loop(self, n: int) -> None:
+        """One client: requests n, n + clients, n + 2 * clients, ..."""
         deadline = time.monotonic() + self.max_seconds
-        n = index
         while not self._stop.is_set() and time.monotonic() < deadline and len(self.log) < self.max_requests:
             self.log.append(self.one(n, stream=n % 2 == 0))
             n += self.clients
             time.sleep(self.pause)
 
     def __enter__(self) -> Load:
-        for i in range(self.clients):
-            t = threading.Thread(target=self._loop, args=(i,), daemon=True)
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(self.clients)]
+        for t in self._threads:
             t.start()
-            self._threads.append(t)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -83,8 +73,7 @@ class Load:
 
 
 def summarize(log: list[dict]) -> dict:
-    """Counts of a load's request records: requests, streamed, failures (the first five in ``failed``), and the
-    p50/p95 first-token time of the streamed ones (None without any)."""
+    """Counts of a load's request records; first-token percentiles over the streamed ones (None without any)."""
     ttfts = sorted(r["first_token_s"] for r in log if r["stream"] and "first_token_s" in r)
     failed = [r for r in log if not r["ok"]]
     return {"requests": len(log), "streamed": sum(r["stream"] for r in log), "failures": len(failed),

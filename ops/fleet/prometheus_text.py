@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 
@@ -14,18 +15,16 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m and m.group("name") == name:
-            raw = _LABEL.findall(m.group("labels") or "")
-            labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in raw}
-            try:
+            pairs = _LABEL.findall(m.group("labels") or "")
+            labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in pairs}
+            with contextlib.suppress(ValueError):  # a value that is not a number: no sample
                 out.append((labels, float(m.group("value"))))
-            except ValueError:
-                continue
     return out
 
 
 def info_labels(text: str, name: str) -> dict[str, str]:
     """Labels of an Info metric (`<name>_info{...} 1`), or {}."""
-    found = samples(text, name if name.endswith("_info") else f"{name}_info")
+    found = samples(text, f"{name}_info")
     return found[0][0] if found else {}
 
 
@@ -36,8 +35,7 @@ def histogram_quantile(text: str, name: str, q: float) -> float | None:
                      if "le" in labels)
     if not buckets or buckets[-1][1] <= 0:
         return None
-    total = buckets[-1][1]
-    rank = q * total
+    rank = q * buckets[-1][1]
     prev_bound, prev_count = 0.0, 0.0
     for bound, count in buckets:
         if count >= rank:

@@ -1,6 +1,5 @@
-"""A release to roll out (id, wheelhouse, artifact, env changes), and staging it on a host beside the running one
-(the host program's stage step: the venv, and the env file, which it writes: the release's changes on top of
-the env file of the release the host runs)."""
+"""A release to roll out (id, wheelhouse, artifact, env changes), and staging it on a host beside the running one:
+the host program's stage step sets up its venv and writes the release's changes over the running release's env file."""
 
 from __future__ import annotations
 
@@ -46,15 +45,12 @@ class Release:
 
     @property
     def wheelhouse_sha(self) -> str | None:
-        if self.wheelhouse is None:
-            return None
-        return hashlib.sha256((self.wheelhouse / "requirements.txt").read_bytes()).hexdigest()
+        return (hashlib.sha256((self.wheelhouse / "requirements.txt").read_bytes()).hexdigest()
+                if self.wheelhouse else None)
 
     @property
     def artifact_id(self) -> str | None:
-        if self.artifact is None:
-            return None
-        return json.loads((self.artifact / "manifest.json").read_text())["artifact_id"]
+        return json.loads((self.artifact / "manifest.json").read_text())["artifact_id"] if self.artifact else None
 
 
 def parse_env_option(pairs: str | None) -> dict[str, str]:
@@ -77,22 +73,25 @@ def release_changes(release: Release, root: str) -> dict[str, str]:
     return changes
 
 
-def _upload_dir(conn, local: Path, remote: str) -> None:
-    """Copy a directory tree to ``remote`` (a fresh path the SSH user may write) over SFTP."""
-    conn.run(f"rm -rf {shlex.quote(remote)} && mkdir -p {shlex.quote(remote)}", hide=True, in_stream=False)
+def _upload(fleet: Fleet, name: str, local: Path, tag: str, place: dict[str, str],
+            timeout: float | None = None) -> None:
+    """Copy a directory tree over SFTP to a fresh directory of the SSH user; the place step moves it as root."""
+    conn = fleet.conns[name]
+    upload = f"/tmp/vlfleet-upload-{tag}"
+    conn.run(f"rm -rf {shlex.quote(upload)} && mkdir -p {shlex.quote(upload)}", hide=True, in_stream=False)
     sftp = conn.sftp()
     for path in sorted(local.rglob("*")):
-        target = f"{remote}/{path.relative_to(local).as_posix()}"
+        target = f"{upload}/{path.relative_to(local).as_posix()}"
         if path.is_dir():
             sftp.mkdir(target)
         elif path.is_file():
             sftp.put(str(path), target)
+    fleet.step(name, "place", {"src": upload, **place}, timeout=timeout)
 
 
 def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, Any]) -> str:
     """Put ``release`` on the host beside the running one; returns what was done."""
     h = fleet.host(name)
-    conn = fleet.conns[name]
     args: dict[str, Any] = {"root": h.root, "release": release.id, "python": h.python,
                             "group": h.var("vlm_service_group", "vlfleet"), "env_from": info["current"],
                             "changes": release_changes(release, h.root)}
@@ -106,18 +105,13 @@ def stage_release(fleet: Fleet, name: str, release: Release, info: Mapping[str, 
         if same:
             args["venv_from"] = same[-1]
         else:
-            upload = f"/tmp/vlfleet-upload-{sha[:12]}"  # a fresh dir of the SSH user, moved by root
-            _upload_dir(conn, release.wheelhouse, upload)  # type: ignore[arg-type]
-            dest = f"{h.root}/wheelhouses/{release.id}"
-            fleet.step(name, "place", {"src": upload, "dest": dest})
-            args["wheelhouse"] = dest
+            args["wheelhouse"] = f"{h.root}/wheelhouses/{release.id}"
+            _upload(fleet, name, release.wheelhouse, sha[:12], {"dest": args["wheelhouse"]})  # type: ignore[arg-type]
     done = fleet.step(name, "stage", args, timeout=1900)
     what = f"venv {done['venv']}"
     if release.artifact_id and release.artifact_id not in info["models"]:
-        upload = f"/tmp/vlfleet-upload-{release.artifact_id[:40]}"  # as above
-        _upload_dir(conn, release.artifact, upload)  # type: ignore[arg-type]
-        fleet.step(name, "place", {"src": upload, "dest": f"{h.root}/models/{release.artifact_id}",
-                                   "verify_with": f"{h.root}/releases/{release.id}/venv/bin/python"},
-                   timeout=1900)
+        _upload(fleet, name, release.artifact, release.artifact_id[:40],  # type: ignore[arg-type]
+                {"dest": f"{h.root}/models/{release.artifact_id}",
+                 "verify_with": f"{h.root}/releases/{release.id}/venv/bin/python"}, timeout=1900)
         what += f", model {release.artifact_id} copied and verified"
     return what

@@ -1,32 +1,26 @@
-"""`vlfleet status`: one row per host (release, artifact, engine, ready, queue, uptime, RSS, first-token p50) and
-its table."""
+"""`vlfleet status`: one row per host (release, artifact, engine and the one `vlfleet tune` chose, ready, queue,
+uptime, RSS, first-token p50) and its table."""
 
 from __future__ import annotations
 
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
 
 from ops.fleet.batches import describe_error, format_table
 from ops.fleet.inventory import Host
-from ops.fleet.transport import Fleet, StepError
+from ops.fleet.prometheus_text import histogram_quantile, info_labels
+from ops.fleet.transport import Fleet
 
 
-def status(fleet: Fleet, parallel: int = 8) -> list[dict]:
-    """One row per host: release, artifact, engine (and the one `vlfleet tune` chose), ready, queue depth, uptime,
-    RSS, first-token p50."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ops.fleet.prometheus_text import histogram_quantile, info_labels
-
+def status(fleet: Fleet) -> list[dict]:
     def one(host: Host) -> dict:
-        row: dict[str, Any] = {"host": host.name}
         try:
             p = fleet.status(host.name)
         except Exception as e:  # shown in the table
-            row["error"] = str(e) if isinstance(e, StepError) else describe_error(e)[1]
-            return row
+            return {"host": host.name, "error": describe_error(e)[1]}
         ready = p.get("readyz") or {}
-        labels = info_labels(p.get("metrics", ""), "vlfleet_model_info")
-        row.update({
+        labels = info_labels(p.get("metrics", ""), "vlfleet_model")
+        return {
+            "host": host.name,
             "release": p.get("release"),
             "serving": ready.get("release_id") or labels.get("release_id"),
             "artifact": ready.get("artifact_id") or labels.get("artifact_id"),
@@ -39,10 +33,9 @@ def status(fleet: Fleet, parallel: int = 8) -> list[dict]:
             "rss_bytes": p.get("rss_bytes"),
             "ttft_p50_s": histogram_quantile(p.get("metrics", ""), "vlfleet_time_to_first_token_seconds", 0.5),
             "reason": ready.get("reason", ""),
-        })
-        return row
+        }
 
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
+    with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(one, fleet.hosts))
 
 

@@ -1,7 +1,6 @@
 """Talking to the live fleet's hosts over SSH with Fabric: one connection per host, the host program's command line
 (ops/host/, put on each host once per version by ops/fleet/host_program.py: `sudo python3 <program> STEP ARGS`, so a
-host needs only its distribution's python3) and its answer, and the steps that change one host (drain in nginx,
-quiesce, activate and gate, undrain; back to the previous release on a failed gate)."""
+host needs only its distribution's python3) and its answer, and the lb step that drains a host in nginx."""
 
 from __future__ import annotations
 
@@ -11,19 +10,14 @@ import json
 import re
 import shlex
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.fleet.batches import HostResult, Outcome, describe_error
-from ops.fleet.host_program import ShipError, build, ensure
+from ops.fleet.host_program import StepError, build, ensure
 from ops.fleet.inventory import FleetError, Host, Inventory
 from service.runtime.contract import TUNED_FILE
-
-
-class StepError(RuntimeError):
-    """A host step reported a failure (the host program's error, or a bad answer)."""
 
 
 def step_command(python: str, program: str, step: str, args: Mapping[str, Any], lock: str | None = None) -> str:
@@ -43,17 +37,15 @@ def step_args(cmd: str) -> dict:
 
 
 def parse_step_output(stdout: str, stderr: str, exited: int) -> dict:
-    lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
-    if lines:
-        try:
-            result = json.loads(lines[-1])
-        except ValueError:
-            result = None
-        if isinstance(result, dict):
-            if "error" in result:
-                raise StepError(result["error"])
-            if exited == 0:
-                return result
+    answers = [line for line in stdout.strip().splitlines() if line.startswith("{")]
+    try:
+        result = json.loads(answers[-1])
+    except (IndexError, ValueError):
+        result = None
+    if isinstance(result, dict) and "error" in result:
+        raise StepError(result["error"])
+    if isinstance(result, dict) and exited == 0:
+        return result
     tail = (stderr or stdout).strip().splitlines()[-3:]
     if exited != 0 and any("sudo" in line and "password" in line for line in tail):
         raise StepError("sudo asks for a password: the SSH user needs passwordless sudo on the host")
@@ -68,55 +60,47 @@ class Timeouts:
     command: float = 300.0  # any other remote step
 
 
-class Fleet:
-    """Connections to the hosts of an inventory, and the steps that change one host."""
+class Fleet(contextlib.AbstractContextManager):
+    """Connections to the hosts of an inventory, and the host program's steps and probes on them."""
 
-    def __init__(self, inventory: Inventory, *, group: str = "vlm", lb_group: str = "lb",
-                 limit: Iterable[str] | None = None, timeouts: Timeouts | None = None,
+    def __init__(self, inventory: Inventory, *, limit: Collection[str] | None = None, timeouts: Timeouts | None = None,
                  echo: Callable[[str], None] | None = print, ship: bool = True) -> None:
-        from fabric import Connection
-
         self.inventory = inventory
         self.timeouts = timeouts or Timeouts()
         self.echo = echo or (lambda _line: None)
-        members = inventory.group(group)
+        members = inventory.group("vlm")
         if not members:
-            raise FleetError(f"the inventory has no hosts in group {group!r}")
+            raise FleetError("the inventory has no hosts in group 'vlm'")
         if limit:
-            wanted = list(limit)
-            unknown = [h for h in wanted if h not in {m.name for m in members}]
+            unknown = [h for h in limit if h not in {m.name for m in members}]
             if unknown:
-                raise FleetError(f"host {', '.join(unknown)} is not in group {group!r} of the inventory "
+                raise FleetError(f"host {', '.join(unknown)} is not in group 'vlm' of the inventory "
                                  f"(it has {', '.join(m.name for m in members)})")
-            members = [m for m in members if m.name in wanted]
+            members = [m for m in members if m.name in limit]
         self.hosts: list[Host] = members
-        self.lbs: list[Host] = inventory.group(lb_group)
+        self.lbs: list[Host] = inventory.group("lb")
         self._lb_lock = threading.Lock()
         self.program = build()
         self._shipped: dict[str, str] = {} if ship else dict.fromkeys(inventory.hosts, self.program.remote)
         # Connections are made up front, in inventory order: a host's connection is used by one thread at a time.
-        self.conns = {h.name: self._connect(Connection, h) for h in self.hosts + self.lbs}
+        self.conns = {h.name: self._connect(h) for h in self.hosts + self.lbs}
 
-    def _connect(self, connection_class, host: Host):
+    def _connect(self, host: Host):
+        from fabric import Connection
+
         kwargs: dict[str, Any] = {"banner_timeout": self.timeouts.connect, "auth_timeout": self.timeouts.connect}
         key = host.var("ansible_ssh_private_key_file") or host.var("ansible_private_key_file")
         if key:
             kwargs["key_filename"] = str(Path(str(key)).expanduser())
         port = host.var("ansible_port") or host.var("ansible_ssh_port")
-        return connection_class(host.address, user=host.var("ansible_user"), port=int(port) if port else None,
-                                connect_timeout=self.timeouts.connect, connect_kwargs=kwargs)
+        return Connection(host.address, user=host.var("ansible_user"), port=int(port) if port else None,
+                          connect_timeout=self.timeouts.connect, connect_kwargs=kwargs)
 
-    def close(self) -> None:
+    def __exit__(self, *exc) -> None:
         for c in self.conns.values():
             # closing a dead connection must not hide the report
             with contextlib.suppress(Exception):
                 c.close()
-
-    def __enter__(self) -> Fleet:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def host(self, name: str) -> Host:
         return self.inventory.hosts[name]
@@ -125,24 +109,30 @@ class Fleet:
         """The host program's path on host ``name``, put there first unless it is there already (one host's
         connection is used by one thread at a time, so is its entry here)."""
         if name not in self._shipped:
-            try:
-                self._shipped[name] = ensure(self.conns[name], self.program)
-            except ShipError as e:
-                raise StepError(str(e)) from None
+            self._shipped[name] = ensure(self.conns[name], self.program)
         return self._shipped[name]
 
     def step(self, name: str, step: str, args: Mapping[str, Any], timeout: float | None = None,
              lock: str | None = None) -> dict:
         """Run host program step ``step`` on host ``name`` (as root); its answer, or StepError."""
         cmd = step_command(self.host(name).python, self.program_on(name), step, args, lock)
-        res = self.conns[name].run(cmd, hide=True, warn=True, in_stream=False,
-                                   timeout=timeout or self.timeouts.command)
+        res = self.conns[name].run(cmd, hide=True, warn=True, in_stream=False, timeout=timeout or self.timeouts.command)
         return parse_step_output(res.stdout, res.stderr, res.exited)
 
-    def probe(self, name: str, command: str, *args: object, python: str | None = None,
-              timeout: float = 120.0) -> Any:
-        """Run the host program's probe ``command`` on host ``name`` as root with ``python`` (default the host's
-        python3; the release venv's for the probes that ask the service); its JSON answer, or StepError."""
+    def service_step(self, name: str, step: str, args: Mapping[str, Any], timeout: float | None = None) -> dict:
+        """A step about the host's service: it names the release root and the systemd unit."""
+        h = self.host(name)
+        return self.step(name, step, {"root": h.root, "unit": h.unit, **args}, timeout=timeout)
+
+    def restart_step(self, name: str, step: str, args: Mapping[str, Any]) -> dict:
+        """A service step that restarts the unit and waits until it is ready, within the ready timeout (SSH gives it
+        three minutes more: the host's own bound should be the one that says why)."""
+        ready = self.timeouts.ready
+        return self.service_step(name, step, {**args, "timeout": ready}, timeout=ready + 180)
+
+    def probe(self, name: str, command: str, *args: object, python: str | None = None, timeout: float = 120.0) -> Any:
+        """Run the host program's probe ``command`` on host ``name`` as root with ``python`` (default: the host's
+        python3); its JSON answer, or StepError."""
         argv = [python or self.host(name).python, self.program_on(name), command, *(str(a) for a in args)]
         done = self.conns[name].run(shlex.join(["sudo", "-n", *argv]), hide=True, warn=True, in_stream=False,
                                     timeout=timeout)
@@ -152,13 +142,18 @@ class Fleet:
             raise StepError(f"the {command} probe failed (exit {done.exited}): "
                             f"{(done.stderr or done.stdout).strip()[-300:]}") from None
 
-    # -- load balancer -------------------------------------------------------------------------------------------
+    def latency(self, name: str, *args: object, timeout: float) -> list[dict]:
+        """The latency probe (it asks the service, so it runs with the release venv's python): its timed answers,
+        or one row with the error."""
+        try:
+            return self.probe(name, "latency", *args, python=f"{self.host(name).root}/current/venv/bin/python",
+                              timeout=timeout)
+        except StepError as e:
+            return [{"error": str(e)}]
 
     def set_drained(self, drain: list[str], undrain: list[str]) -> None:
         """Mark hosts drained / back in rotation on every lb host (serialized: one nginx site per lb). A host the
         lb's ``lb_drained_hosts`` keeps drained (the operator's switch, which the lb role renders) stays drained."""
-        if not self.lbs:
-            return
         with self._lb_lock:
             for lb in self.lbs:
                 site = f"/etc/nginx/sites-available/{lb.var('lb_site_name', 'vlfleet')}"
@@ -167,58 +162,14 @@ class Fleet:
                                           "undrain": [h for h in undrain if h not in kept]},
                           lock="/run/lock/vlfleet-lb.lock")
 
-    # -- one host ------------------------------------------------------------------------------------------------
-
     def describe(self, name: str) -> dict:
         return self.step(name, "describe", {"root": self.host(name).root})
 
     def status(self, name: str) -> dict:
-        h = self.host(name)
-        return self.step(name, "status", {"root": h.root, "unit": h.unit, "record": TUNED_FILE}, timeout=60)
-
-    def activate(self, name: str, release: str | None) -> dict:
-        h = self.host(name)
-        return self.step(name, "activate", {"root": h.root, "unit": h.unit, "release": release,
-                                            "timeout": self.timeouts.ready},
-                         timeout=self.timeouts.ready + 180)
-
-    def swap_in(self, name: str, release: str | None, before: str | None) -> HostResult:
-        """Drain, wait for in-flight requests, activate ``release`` (None: restart), gate, undrain; on a failed
-        gate go back to ``before`` (when given). Exceptions leave the host drained and become its result."""
-        drained = False
-        try:
-            self.set_drained([name], [])
-            drained = True
-            h = self.host(name)
-            q = self.step(name, "quiesce", {"root": h.root, "timeout": self.timeouts.drain},
-                          timeout=self.timeouts.drain + 60)
-            note = f"drained ({q['waited_s']:.0f}s" + (f", {q['left']} request(s) cut off)" if q["left"] else ")")
-            res = self.activate(name, release)
-            if res["ok"]:
-                self.set_drained([], [name])
-                smoke = res.get("smoke") or {}
-                return HostResult(name, Outcome.OK, release=res["release"], before=before or res.get("from"),
-                                  message=f"{note}; ready in {res['ready_s']:.0f}s; smoke {smoke.get('tokens')} "
-                                          f"tokens in {smoke.get('seconds')}s")
-            why = res["reason"] + _journal_hint(res.get("journal"))
-            if not before:  # a restart has nothing to go back to
-                return HostResult(name, Outcome.FAILED, release=res.get("release"), before=before,
-                                  message=f"{why}; left out of nginx")
-            back = self.activate(name, before)
-            if back["ok"]:
-                self.set_drained([], [name])
-                return HostResult(name, Outcome.ROLLED_BACK, release=back["release"], before=before,
-                                  message=f"{why}; back on {before}")
-            return HostResult(name, Outcome.FAILED, release=back.get("release"), before=before,
-                              message=f"{why}; rollback to {before} failed too: {back['reason']}; left out of nginx")
-        except Exception as e:  # reported per host
-            outcome, message = (Outcome.FAILED, str(e)) if isinstance(e, StepError) else describe_error(e)
-            if drained:
-                message += "; left out of nginx (drained) until someone looks"
-            return HostResult(name, outcome, before=before, message=message)
+        return self.service_step(name, "status", {"record": TUNED_FILE}, timeout=60)
 
 
-def _journal_hint(journal: list[str] | None) -> str:
+def journal_hint(journal: list[str] | None) -> str:
     """The journal line most likely to say why: the service's own last words, not systemd's bookkeeping."""
     lines = [line for line in (journal or []) if line.strip()]
     own = [line for line in lines if not _SYSTEMD_LINE.match(line)]

@@ -8,8 +8,6 @@ program's `latency` probe) and reads the service's peak RSS. The score is the me
 is pinned (`--engine`, or `vlfleet_engine` in the host's inventory vars); the service is restarted on it and the
 record is written on the host (service.runtime.contract.TUNED_FILE) and on the controller (tune-<host>.json). The
 host is out of nginx meanwhile.
-
-The choices (plan, budget, score, pick, record) are pure functions, apart from the steps that talk to a host.
 """
 
 from __future__ import annotations
@@ -22,14 +20,15 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ops.fleet.batches import describe_error, format_table
 from ops.fleet.inventory import FleetError
-from ops.fleet.transport import Fleet, StepError, _journal_hint
+from ops.fleet.transport import Fleet, journal_hint
 from ops.host.layout import service_address
 from ops.machine import isa
+from ops.paths import cache_root
 from service.runtime.contract import ENGINE_ENV_FILE, ENGINES, TUNED_FILE
+from service.runtime.settings import FIELDS
 
 RECORD_VERSION = 1
 MiB = 1024 * 1024
@@ -43,7 +42,6 @@ class Options:
     tokens: int = 128
     runs: int = 3
     clients: int = 1  # answers asked at once in each run: the traffic the host should be chosen for
-    ready_timeout: float = 600.0  # one restart: model load + warm-up
     probe_timeout: float = 300.0  # one answer
     parallel: int = 4
     out: Path | None = None  # directory for tune-<host>.json (default: $VLFLEET_CACHE/reports)
@@ -126,22 +124,17 @@ def _llamacpp_missing(server: dict) -> str | None:
     return None
 
 
-def _setting_default(name: str) -> Any:
-    from service.runtime.settings import FIELDS
-
-    return next(f.default for f in FIELDS if f.name == name)
-
-
 def budget(info: dict) -> tuple[int | None, str]:
     """The most memory the service may peak at on this host, and where that figure comes from: the memory guard's
     high-water share of its limit (VLFLEET_MEMORY_LIMIT_MB, else the unit's MemoryHigh), above which the service
     refuses new requests; else the unit's MemoryMax (the OOM kill); else none."""
     env = info.get("env") or {}
+    default_high = next(f.default for f in FIELDS if f.name == "memory_high_water")
     try:
-        high = float(env.get("VLFLEET_MEMORY_HIGH_WATER") or _setting_default("memory_high_water"))
+        high = float(env.get("VLFLEET_MEMORY_HIGH_WATER") or default_high)
         limit_mb = int(env.get("VLFLEET_MEMORY_LIMIT_MB") or 0)
     except ValueError:  # the service itself refuses such an env; judge by the defaults here
-        high, limit_mb = _setting_default("memory_high_water"), 0
+        high, limit_mb = default_high, 0
     if limit_mb > 0:
         return int(limit_mb * MiB * high), f"{high:.0%} of VLFLEET_MEMORY_LIMIT_MB={limit_mb} (load shedding above)"
     if info.get("memory_high"):
@@ -159,8 +152,7 @@ def score(runs: Sequence[dict], tokens: int) -> tuple[float | None, str]:
         return None, "no answer was timed"
     bad = [r for r in runs if r.get("error") or r.get("tokens") != tokens or r.get("total_s") is None]
     if bad:
-        first = bad[0]
-        why = first.get("error") or f"{first.get('tokens')} tokens instead of {tokens}"
+        why = bad[0].get("error") or f"{bad[0].get('tokens')} tokens instead of {tokens}"
         return None, f"{len(bad)} of {len(runs)} answers incomplete: {str(why)[:300]}"
     return round(statistics.median(r["total_s"] for r in runs), 4), ""
 
@@ -180,8 +172,7 @@ def evaluate(engine: str, runs: Sequence[dict], tokens: int, peak_rss: int | Non
     if value is None:
         c.status, c.reason = FAILED, why
     elif limit is not None and peak_rss is not None and peak_rss > limit:
-        c.status = OVER_BUDGET
-        c.reason = f"peak RSS {peak_rss // MiB} MiB is over the budget of {limit // MiB} MiB"
+        c.status, c.reason = OVER_BUDGET, f"peak RSS {peak_rss // MiB} MiB is over the budget of {limit // MiB} MiB"
     return c
 
 
@@ -203,81 +194,48 @@ def pick(candidates: Sequence[Candidate], pin: str | None = None) -> tuple[str |
         f" (vs {others})" if others else "")
 
 
-def record(host: str, engine: str, why: str, pinned: bool, candidates: Sequence[Candidate],
-           skipped: dict[str, str], opts: Options, limit: tuple[int | None, str], cpu: dict, info: dict,
+def record(result: HostTune, pinned: bool, opts: Options, limit: tuple[int | None, str], cpu: dict, info: dict,
            seconds: float, now: dt.datetime | None = None) -> dict:
     """The JSON record of one host's tune, as written on the host and on the controller."""
     now = now or dt.datetime.now(dt.timezone.utc)
     return {
-        "version": RECORD_VERSION, "host": host, "engine": engine, "why": why, "pinned": pinned,
-        "tokens": opts.tokens, "runs": opts.runs, "clients": opts.clients,
-        "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in candidates},
-        "skipped": dict(skipped),
+        "version": RECORD_VERSION, "host": result.host, "engine": result.engine, "why": result.message,
+        "pinned": pinned, "tokens": opts.tokens, "runs": opts.runs, "clients": opts.clients,
+        "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in result.candidates},
+        "skipped": dict(result.skipped),
         "budget_bytes": limit[0], "budget": limit[1],
         "cpu": {"model": cpu.get("model") or None, "isa": isa(cpu.get("flags", "")), "flags": cpu.get("flags", "")},
         "release": info.get("release"), "time": now.isoformat(timespec="seconds"), "seconds": round(seconds, 1),
     }
 
 
-def describe_candidate(c: Candidate, runs: int, tokens: int, clients: int = 1) -> str:
+def describe_candidate(c: Candidate, opts: Options) -> str:
     if c.status == FAILED:
         return f"{c.engine}: failed: {c.reason}"
     rss = f"{c.peak_rss_bytes // MiB} MiB" if c.peak_rss_bytes is not None else "unknown"
-    asked = f"{runs} x {clients} at once x" if clients > 1 else f"{runs} x"
-    line = (f"{c.engine}: ready in {c.ready_s} s; {asked} {tokens} tokens: {c.score_s} s to the whole answer "
+    asked = f"{opts.runs} x {opts.clients} at once x" if opts.clients > 1 else f"{opts.runs} x"
+    line = (f"{c.engine}: ready in {c.ready_s} s; {asked} {opts.tokens} tokens: {c.score_s} s to the whole answer "
             f"(first token {c.first_token_s} s, {c.ms_per_token} ms/token), peak RSS {rss}")
     return line + (f"; {c.reason}" if c.status == OVER_BUDGET else "")
 
 
 # -- one host ---------------------------------------------------------------------------------------------------
 
-class _Host:
-    """The steps tune takes on one host (over the fleet's SSH connection)."""
-
-    def __init__(self, fleet: Fleet, name: str, opts: Options) -> None:
-        self.fleet, self.name, self.opts = fleet, name, opts
-        self.host = fleet.host(name)
-
-    def step(self, command: str, args: dict, timeout: float | None = None) -> dict:
-        return self.fleet.step(self.name, command, {"root": self.host.root, "unit": self.host.unit, **args},
-                               timeout=timeout)
-
-    def info(self) -> dict:
-        return self.step("tune_info", {"override": ENGINE_ENV_FILE, "record": TUNED_FILE})
-
-    def cpu(self) -> dict:
-        return self.fleet.probe(self.name, "facts", self.host.root)
-
-    def set_engine(self, engine: str | None) -> dict:
-        return self.step("set_engine", {"override": ENGINE_ENV_FILE, "engine": engine,
-                                        "timeout": self.opts.ready_timeout},
-                         timeout=self.opts.ready_timeout + 180)
-
-    def latency(self, env: dict) -> list[dict]:
-        addr, port = service_address(env)
-        python = f"{self.host.root}/current/venv/bin/python"
-        n = self.opts.clients
-        # one answer may wait for the n - 1 asked with it: each gets n times the bound of a lone one
-        args = [addr, port, self.opts.tokens, self.opts.runs, self.opts.probe_timeout * n,
-                env.get("VLFLEET_API_KEYS_FILE", ""), n]  # the keys file is read on the host: keys never leave it
-        try:
-            return self.fleet.probe(self.name, "latency", *args, python=python,
-                                    timeout=self.opts.probe_timeout * n * self.opts.runs + 60)
-        except StepError as e:
-            return [{"error": str(e)}]
-
-    def measure(self, engine: str, env: dict, limit: int | None) -> Candidate:
-        started = self.set_engine(engine)
-        if not started["ok"]:
-            return Candidate(engine, FAILED, reason=started["reason"] + _journal_hint(started.get("journal")))
-        runs = self.latency(env)
-        mem = self.step("peak", {})
-        return evaluate(engine, runs, self.opts.tokens, mem.get("peak_rss_bytes"), limit, started.get("ready_s"))
+def _measure(fleet: Fleet, name: str, opts: Options, engine: str, env: dict, limit: int | None) -> Candidate:
+    started = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": engine})
+    if not started["ok"]:
+        return Candidate(engine, FAILED, reason=started["reason"] + journal_hint(started.get("journal")))
+    addr, port = service_address(env)
+    n = opts.clients
+    # one answer may wait for the n - 1 asked with it: each gets n times the bound of a lone one; the keys file is
+    # read on the host: keys never leave it
+    runs = fleet.latency(name, addr, port, opts.tokens, opts.runs, opts.probe_timeout * n,
+                         env.get("VLFLEET_API_KEYS_FILE", ""), n, timeout=opts.probe_timeout * n * opts.runs + 60)
+    mem = fleet.service_step(name, "peak", {})
+    return evaluate(engine, runs, opts.tokens, mem.get("peak_rss_bytes"), limit, started.get("ready_s"))
 
 
 def _controller_copy(rec: dict, out: Path | None) -> Path:
-    from ops.paths import cache_root
-
     folder = out or cache_root() / "reports"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"tune-{rec['host']}.json"
@@ -288,15 +246,16 @@ def _controller_copy(rec: dict, out: Path | None) -> Path:
 def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None] = print) -> HostTune:
     """Measure, choose, run on the choice, record; a failure is this host's result, never an exception."""
     started = time.monotonic()
-    h = _Host(fleet, name, opts)
-    pin = opts.engine or h.host.var("vlfleet_engine") or None
+    host = fleet.host(name)
+    pin = opts.engine or host.var("vlfleet_engine") or None
     try:
         if pin:
             parse_engines([pin])  # a host var with a typo fails this host, before anything changes
-        info, cpu = h.info(), h.cpu()
+        info = fleet.service_step(name, "tune_info", {"override": ENGINE_ENV_FILE, "record": TUNED_FILE})
+        cpu = fleet.probe(name, "facts", host.root)
         steps = plan(opts.engines, pin, info, opts.clients)
     except Exception as e:  # reported per host
-        return HostTune(name, False, None, _why(e))
+        return HostTune(name, False, None, describe_error(e)[1])
     limit = budget(info)
     echo(f"[tune] {name}: {cpu.get('model') or 'CPU ?'}; budget {limit[1]}; "
          + ("pinned " + pin if pin else "candidates " + ", ".join(e for e, skip in steps if not skip)))
@@ -304,12 +263,11 @@ def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None
     try:
         fleet.set_drained([name], [])
         drained = True
-        h.step("quiesce", {"timeout": fleet.timeouts.drain}, timeout=fleet.timeouts.drain + 60)
-        result = _choose_and_run(h, steps, pin, info, limit, echo)
+        fleet.service_step(name, "quiesce", {"timeout": fleet.timeouts.drain}, timeout=fleet.timeouts.drain + 60)
+        result = _choose_and_run(fleet, name, opts, steps, pin, info, limit[0], echo)
         if result.ok:
-            result.record = record(name, result.engine, result.message, bool(pin), result.candidates,
-                                   result.skipped, opts, limit, cpu, info, time.monotonic() - started)
-            h.step("write_record", {"path": TUNED_FILE, "record": result.record})
+            result.record = record(result, bool(pin), opts, limit, cpu, info, time.monotonic() - started)
+            fleet.service_step(name, "write_record", {"path": TUNED_FILE, "record": result.record})
             path = _controller_copy(result.record, opts.out)
             echo(f"[tune] {name}: runs {result.engine}: {result.message}; record: {TUNED_FILE}, {path}")
         if not result.stranded:
@@ -317,34 +275,34 @@ def tune_host(fleet: Fleet, name: str, opts: Options, echo: Callable[[str], None
             drained = False
         return result
     except Exception as e:  # reported per host
-        why = _why(e)
-        return HostTune(name, False, None, why + ("; left out of nginx (drained) until someone looks" if drained
-                                                  else ""), stranded=drained)
+        why = describe_error(e)[1] + ("; left out of nginx (drained) until someone looks" if drained else "")
+        return HostTune(name, False, None, why, stranded=drained)
 
 
-def _choose_and_run(h: _Host, steps: list[tuple[str, str | None]], pin: str | None, info: dict,
-                    limit: tuple[int | None, str], echo: Callable[[str], None]) -> HostTune:
+def _choose_and_run(fleet: Fleet, name: str, opts: Options, steps: list[tuple[str, str | None]], pin: str | None,
+                    info: dict, limit: int | None, echo: Callable[[str], None]) -> HostTune:
     """Measure every candidate, then run the service on the choice; on no choice, put back the engine it ran."""
-    result = HostTune(h.name, False, None, "")
+    result = HostTune(name, False, None, "")
     running = None
     for engine, skip in steps:
         if skip:
             result.skipped[engine] = skip
-            echo(f"[tune] {h.name}: {engine}: skipped: {skip}")
+            echo(f"[tune] {name}: {engine}: skipped: {skip}")
             continue
-        c = h.measure(engine, info["env"], limit[0])
+        c = _measure(fleet, name, opts, engine, info["env"], limit)
         running = engine if c.ready_s is not None else None  # it started (whatever its answers were)
         result.candidates.append(c)
-        echo(f"[tune] {h.name}: {describe_candidate(c, h.opts.runs, h.opts.tokens, h.opts.clients)}")
+        echo(f"[tune] {name}: {describe_candidate(c, opts)}")
     choice, why = pick(result.candidates, pin)
     if choice is not None and choice != running:
-        started = h.set_engine(choice)
+        started = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": choice})
         if not started["ok"]:
             choice, why = None, f"{choice} did not start again: {started['reason']}"
     if choice is not None:
         result.ok, result.engine, result.message = True, choice, why
         return result
-    back = h.set_engine((info.get("override") or {}).get("VLFLEET_ENGINE"))
+    before = (info.get("override") or {}).get("VLFLEET_ENGINE")
+    back = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": before})
     if back["ok"]:
         result.message = f"{why}; back on {back['engine']} as before"
     else:
@@ -353,16 +311,11 @@ def _choose_and_run(h: _Host, steps: list[tuple[str, str | None]], pin: str | No
     return result
 
 
-def _why(e: Exception) -> str:
-    return str(e) if isinstance(e, StepError) else describe_error(e)[1]
-
-
 # -- the fleet --------------------------------------------------------------------------------------------------
 
 def tune(fleet: Fleet, opts: Options, echo: Callable[[str], None] = print) -> list[HostTune]:
     """Every host of the fleet, at most ``opts.parallel`` at once; one host's failure does not stop the others."""
-    workers = max(1, min(opts.parallel, len(fleet.hosts)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:  # it starts no more threads than hosts
         return list(pool.map(lambda h: tune_host(fleet, h.name, opts, echo), fleet.hosts))
 
 

@@ -124,22 +124,9 @@ def locality(metrics_text: str) -> dict[str, Any]:
             "conversations_continued": int(total("session_reuse"))}
 
 
-def _latency(fleet, name: str, row: dict[str, Any], opts: Options) -> list[dict]:
-    """The host program's latency probe with the release venv's python: the timed runs, or one row with the error."""
-    from ops.fleet.transport import StepError
-
-    try:
-        return fleet.probe(name, "latency", row["service_host"], row["service_port"], opts.probe_tokens,
-                           opts.probe_runs, opts.probe_timeout, timeout=opts.probe_timeout * opts.probe_runs + 60,
-                           python=f"{fleet.host(name).root}/current/venv/bin/python")
-    except StepError as e:
-        return [{"error": str(e)}]
-
-
 def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
     """Everything about one host; an unreachable host gets ``error`` instead of facts (the report still renders)."""
     from ops.fleet.batches import describe_error
-    from ops.fleet.transport import StepError
 
     host = fleet.host(name)
     groups = [g for g in host.groups if g not in ("all", "ungrouped")]
@@ -155,9 +142,11 @@ def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
                     "model": ready.get("model"), "engine": ready.get("engine"),
                     "tuned_engine": p.get("tuned_engine"), "locality": locality(p.get("metrics") or "")})
         row.update(parse_facts(fleet.probe(name, "facts", host.root)))
-        row["probe"] = summarize_probe(_latency(fleet, name, row, opts))
+        row["probe"] = summarize_probe(fleet.latency(name, row["service_host"], row["service_port"], opts.probe_tokens,
+                                                     opts.probe_runs, opts.probe_timeout,
+                                                     timeout=opts.probe_timeout * opts.probe_runs + 60))
     except Exception as e:  # one host's failure is a row in the report, not the end of it
-        row["error"] = str(e) if isinstance(e, StepError) else describe_error(e)[1]
+        row["error"] = describe_error(e)[1]
         row.setdefault("probe", None)
     return row
 

@@ -158,9 +158,8 @@ def tune(c, inventory="inventory.yml", limit=None, tokens=128, runs=3, clients=1
 
     try:
         opts = tuning.Options(engines=tuning.parse_engines(engines), engine=engine or None, tokens=int(tokens),
-                              runs=int(runs), clients=int(clients), ready_timeout=float(ready_timeout),
-                              probe_timeout=float(probe_timeout), parallel=int(parallel),
-                              out=Path(out).expanduser() if out else None)
+                              runs=int(runs), clients=int(clients), probe_timeout=float(probe_timeout),
+                              parallel=int(parallel), out=Path(out).expanduser() if out else None)
         if opts.engine:
             tuning.parse_engines(opts.engine)
     except (FleetError, ValueError) as e:

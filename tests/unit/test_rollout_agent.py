@@ -10,17 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ops.fleet import (
-    Release,
-    StepError,
-    host_program,
-    parse_inventory_json,
-    parse_step_output,
-    release_changes,
-    step_args,
-    step_name,
-)
-from ops.fleet.transport import step_command
+from ops.fleet import Release, StepError, host_program
+from ops.fleet.inventory import parse_inventory_json
+from ops.fleet.release import release_changes
+from ops.fleet.transport import parse_step_output, step_args, step_command, step_name
 from ops.host import client, envfile, gate, layout, lb, release, tune
 from ops.host.errors import HostError
 from ops.host.gate import established_clients

@@ -13,7 +13,9 @@ from fabric.testing.base import Command, MockRemote, Session
 from paramiko.ssh_exception import NoValidConnectionsError, SSHException
 
 from ops import fleet as ops_fleet
-from ops.fleet import Fleet, Outcome, Release, Timeouts, parse_inventory_json, step_args, step_name
+from ops.fleet import Fleet, Outcome, Release, Timeouts
+from ops.fleet.inventory import parse_inventory_json
+from ops.fleet.transport import step_args, step_name
 
 ADDR = {"h1": "10.9.0.11", "h2": "10.9.0.12", "h3": "10.9.0.13", "lb1": "10.9.0.10"}
 

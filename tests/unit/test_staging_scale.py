@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ops.fleet import BatchRun, HostResult, Outcome
+from ops.fleet.batches import BatchRun, HostResult, Outcome
 from ops.fleet.load import Load, summarize
 from ops.paths import repo_root
 from ops.staging import scale

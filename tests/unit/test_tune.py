@@ -10,9 +10,11 @@ import json
 import pytest
 from fabric.testing.base import Command, MockRemote, Session
 
-from ops.fleet import Fleet, FleetError, Timeouts, parse_inventory_json, step_args, step_name
+from ops.fleet import Fleet, FleetError, Timeouts
 from ops.fleet import tune as t
+from ops.fleet.inventory import parse_inventory_json
 from ops.fleet.status import status_table
+from ops.fleet.transport import step_args, step_name
 from ops.host import layout, system, tune
 from ops.host.errors import HostError
 from ops.report import page
@@ -134,9 +136,10 @@ def test_a_pin_wins_even_over_budget_but_not_when_it_fails():
 def test_record_names_the_choice_every_score_the_skips_and_the_cpu():
     cands = [t.evaluate("serial", [_run(2.0), _run(2.4)], 16, 300 * MiB, None, 4.2),
              t.evaluate("direct", [_run(1.0), _run(1.4)], 16, 350 * MiB, None, 5.0)]
-    rec = t.record("c1", "direct", "fastest", False, cands, {"batching": "why not"}, t.Options(tokens=16, runs=2),
-                   (None, "none"), {"model": "Xeon", "flags": "fpu avx2 avx512f avx512_vnni"},
-                   {"release": "r1"}, 61.23, now=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc))
+    result = t.HostTune("c1", True, "direct", "fastest", cands, {"batching": "why not"})
+    rec = t.record(result, False, t.Options(tokens=16, runs=2), (None, "none"),
+                   {"model": "Xeon", "flags": "fpu avx2 avx512f avx512_vnni"}, {"release": "r1"}, 61.23,
+                   now=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc))
     assert json.loads(json.dumps(rec)) == rec
     assert (rec["engine"], rec["tokens"], rec["runs"], rec["pinned"], rec["version"]) == ("direct", 16, 2, False, 1)
     assert rec["candidates"]["serial"] == {"status": "ok", "score_s": 2.2, "first_token_s": 0.5, "ms_per_token": 40.0,
