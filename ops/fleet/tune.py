@@ -221,8 +221,13 @@ def describe_candidate(c: Candidate, opts: Options) -> str:
 
 # -- one host ---------------------------------------------------------------------------------------------------
 
+def _set_engine(fleet: Fleet, name: str, engine: str | None) -> dict:
+    """Restart the host's service on ``engine`` (None: remove tune's override) and wait until it is ready."""
+    return fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": engine})
+
+
 def _measure(fleet: Fleet, name: str, opts: Options, engine: str, env: dict, limit: int | None) -> Candidate:
-    started = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": engine})
+    started = _set_engine(fleet, name, engine)
     if not started["ok"]:
         return Candidate(engine, FAILED, reason=started["reason"] + journal_hint(started.get("journal")))
     addr, port = service_address(env)
@@ -295,14 +300,13 @@ def _choose_and_run(fleet: Fleet, name: str, opts: Options, steps: list[tuple[st
         echo(f"[tune] {name}: {describe_candidate(c, opts)}")
     choice, why = pick(result.candidates, pin)
     if choice is not None and choice != running:
-        started = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": choice})
+        started = _set_engine(fleet, name, choice)
         if not started["ok"]:
             choice, why = None, f"{choice} did not start again: {started['reason']}"
     if choice is not None:
         result.ok, result.engine, result.message = True, choice, why
         return result
-    before = (info.get("override") or {}).get("VLFLEET_ENGINE")
-    back = fleet.restart_step(name, "set_engine", {"override": ENGINE_ENV_FILE, "engine": before})
+    back = _set_engine(fleet, name, (info.get("override") or {}).get("VLFLEET_ENGINE"))
     if back["ok"]:
         result.message = f"{why}; back on {back['engine']} as before"
     else:
