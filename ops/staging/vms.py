@@ -24,6 +24,8 @@ from ops.staging.state import HostRecord, StateStore
 from ops.staging.system import StagingError, log, require_tools, run
 
 QEMU = "qemu-system-x86_64"
+GUEST_DIR = Path(__file__).parent / "guest"
+ZIPCODE_FILES = ("vlfleet_zipcode.py", "vlfleet_zipcode.pth")  # the .pth imports the module at start
 NO_AVX2_CPU = "max,-avx2"  # TCG's "max" has AVX2 but no AVX-512; dropping avx2 gives a host the cpu_check rejects
 # Module trees no VM needs; the rest lets udev and modprobe work after the initrd hands over.
 # Wireless and kvm are left out on purpose: udev would load them at every boot, which is slow under TCG.
@@ -79,6 +81,7 @@ def build_disk(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, p
     _, _, version = guest_kernel()
     root = overlay_root(store, rec.name, base, host_dir)
     personalise(root, rec.name, pubkey)
+    install_zipcode_cache(root)
     (root / "etc/fstab").write_text("/dev/vda / ext4 rw,errors=remount-ro 0 1\n")
     netdir = root / "etc/systemd/network"
     netdir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +110,15 @@ def build_disk(store: StateStore, rec: HostRecord, base: Path, host_dir: Path, p
     shutil.rmtree(host_dir / "upper", ignore_errors=True)
     shutil.rmtree(host_dir / "work", ignore_errors=True)
     return disk
+
+
+def install_zipcode_cache(root: Path) -> None:
+    """Put ops/staging/guest/vlfleet_zipcode.py and the .pth that loads it into the system Python's site-packages
+    (Ansible tasks and the host program run there): under TCG, compiling each task's zipped sources costs seconds."""
+    site = root / "usr/lib/python3/dist-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    for name in ZIPCODE_FILES:
+        shutil.copyfile(GUEST_DIR / name, site / name)
 
 
 def numa_argv(memory_mb: int, vcpus: int, nodes: int) -> list[str]:

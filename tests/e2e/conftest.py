@@ -52,8 +52,12 @@ def _fleet(name: str, **kwargs) -> Iterator:
 
 @pytest.fixture(scope="session")
 def staging_fleet():
-    """The standard e2e fleet (`ops.staging.fleet.StagingFleet`): c1, c2, vm1 in `vlm`, lb1 in `lb`."""
-    yield from _fleet(E2E_FLEET, **STANDARD)
+    """The standard e2e fleet (`ops.staging.fleet.StagingFleet`): c1, c2, vm1 in `vlm`, lb1 in `lb`. The session's
+    converge needs the suite's llama.cpp build: on a cold cache it starts now, beside the fleet's bring-up."""
+    from tests.e2e.site_vars import runtime_prefetched
+
+    with runtime_prefetched():
+        yield from _fleet(E2E_FLEET, **STANDARD)
 
 
 @pytest.fixture(scope="session")

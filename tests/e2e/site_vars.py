@@ -4,7 +4,11 @@ module puts back what it breaks)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ops.staging import converge_vars
@@ -24,6 +28,38 @@ def site_vars(artifact: Path, python: str = "3.11") -> dict:
     runtime = wheel.runtime_wheel(build.build(config))
     return converge_vars.site_vars(artifact, python, gguf=gguf.cached("tiny", build_config=config),
                                    extra_wheels=[runtime])
+
+
+@contextmanager
+def runtime_prefetched() -> Iterator[None]:
+    """While the body runs, build site_vars()'s llama.cpp runtime in a child process when the cache lacks it.
+
+    On a cold cache the build (about 6 min on 2 cores) used to start only at the first converge. It runs under nice
+    19, so alongside the fleet coming up it takes only the CPU that the image build, downloads and boot waits
+    leave; site_vars() then waits for it on the build's own lock (or, if it failed, builds and reports the error
+    itself). A body that ends first stops the child's whole process group: a killed build leaves no build.json,
+    so the next one starts over."""
+    from ops.llamacpp import build
+
+    if build.find(build.test_config()) is not None:
+        yield
+        return
+    child = multiprocessing.get_context("fork").Process(target=_build_in_own_group, name="llamacpp-prefetch",
+                                                        daemon=True)
+    child.start()
+    try:
+        yield
+    finally:
+        if child.is_alive():
+            os.killpg(child.pid, signal.SIGTERM)
+            child.join(30)
+
+
+def _build_in_own_group() -> None:
+    from ops.llamacpp import build
+
+    os.setpgid(0, 0)  # the compilers it starts join this group, so one killpg stops them all
+    build.build(build.test_config(), say=lambda _msg: None)
 
 
 def converge(inventory: Path, artifact: Path, echo=print):
