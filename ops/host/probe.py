@@ -205,19 +205,20 @@ def stream(host: str, port: int, model: str, first_token_s: float, total_s: floa
 
 
 def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_file: str = "",
-            clients: int = 1) -> list[dict[str, Any]]:
+            clients: int = 1, image: tuple[int, int] = LATENCY_IMAGE) -> list[dict[str, Any]]:
     """``runs`` streamed answers of exactly ``tokens`` tokens, one after another, each about a new image of a
     typical size: first token, ms per token and the time to the whole answer. A new image each time, because an
     engine that keeps encoded images (or their KV) would otherwise time its cache, not a typical first question.
     With ``clients`` > 1 each run is that many answers asked at once, as that many users would; every answer is a
-    row. With ``keys_file`` (read as root on the host), the first key goes with each request."""
+    row. With ``keys_file`` (read as root on the host), the first key goes with each request. ``image`` is the
+    pictures' width and height."""
     key = client.first_key(keys_file)
 
     def one(i: int) -> dict[str, Any]:
-        image = png.solid(*LATENCY_IMAGE, (40 + (7 * i) % 200, 120, 200))
+        picture = png.solid(*image, (40 + (7 * i) % 200, 120, 200))
         try:
             # a nonce in each prompt: the service replays identical deterministic requests from its answer cache
-            a = _ask(host, port, key, image, f"Describe this picture. (probe {i} {time.time():.6f})", bound, bound,
+            a = _ask(host, port, key, picture, f"Describe this picture. (probe {i} {time.time():.6f})", bound, bound,
                      max_tokens=tokens, ignore_eos=True, stream_options={"include_usage": True})
         except Exception as e:  # one run's error is its row
             a = client.Answer(error=client.describe(e))
@@ -232,6 +233,16 @@ def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_fil
         return [row for r in range(runs) for row in pool.map(one, range(r * clients, (r + 1) * clients))]
 
 
+def image_size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT`` (e.g. 416x277) as integers, each 1..4096; empty: LATENCY_IMAGE."""
+    if not text:
+        return LATENCY_IMAGE
+    width, sep, height = text.lower().partition("x")
+    if not (sep and width.isdigit() and height.isdigit() and 0 < int(width) <= 4096 and 0 < int(height) <= 4096):
+        raise ValueError(f"an image size is WIDTHxHEIGHT, each 1..4096 (e.g. 416x277), not {text!r}")
+    return int(width), int(height)
+
+
 def _optional(args: list[str], i: int) -> str:
     return args[i] if len(args) > i else ""
 
@@ -241,7 +252,7 @@ COMMANDS = {
     "readyz": lambda a: client.readyz(a[0]),
     "stream": lambda a: stream(a[0], int(a[1]), a[2], float(a[3]), float(a[4]), _optional(a, 5)),
     "latency": lambda a: latency(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), _optional(a, 5),
-                                 int(_optional(a, 6) or 1)),
+                                 int(_optional(a, 6) or 1), image_size(_optional(a, 7))),
     "snapshot": lambda a: snapshot(a[0], a[1]),
     "facts": lambda a: facts(a[0]),
 }

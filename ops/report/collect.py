@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.host.layout import parse_env, service_address
+from ops.host.probe import LATENCY_IMAGE
 from ops.machine import isa
 
 REPORT_VERSION = 1
@@ -37,6 +38,7 @@ class Options:
     hosts: str = ""  # comma-separated inventory names; default: every host of group vlm
     probe_tokens: int = 32
     probe_runs: int = 3
+    probe_image: str = "x".join(map(str, LATENCY_IMAGE))  # WIDTHxHEIGHT of the probe's pictures
     probe_timeout: float = 300.0
     checklist: bool = True
     checklist_json: str | None = None  # a `vlfleet preflight --json` report to use instead of running it
@@ -143,7 +145,7 @@ def gather_host(fleet, name: str, opts: Options) -> dict[str, Any]:
                     "tuned_engine": p.get("tuned_engine"), "locality": locality(p.get("metrics") or "")})
         row.update(parse_facts(fleet.probe(name, "facts", host.root)))
         row["probe"] = summarize_probe(fleet.latency(name, row["service_host"], row["service_port"], opts.probe_tokens,
-                                                     opts.probe_runs, opts.probe_timeout,
+                                                     opts.probe_runs, opts.probe_timeout, "", 1, opts.probe_image,
                                                      timeout=opts.probe_timeout * opts.probe_runs + 60))
     except Exception as e:  # one host's failure is a row in the report, not the end of it
         row["error"] = describe_error(e)[1]
@@ -208,7 +210,7 @@ def build(inventory: Path | str, out_dir: Path | str, opts: Options | None = Non
         "version": REPORT_VERSION,
         "generated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "inventory": str(inventory),
-        "probe": {"tokens": opts.probe_tokens, "runs": opts.probe_runs},
+        "probe": {"tokens": opts.probe_tokens, "runs": opts.probe_runs, "image": opts.probe_image},
         "hosts": rows,
         "slowest": slowest(rows),
         "checklist": _checklist(inventory, names, opts, out, echo),

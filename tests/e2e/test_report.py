@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.fleet, pytest.mark.slow, pytest.mark.browser]
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
+PROBE_IMAGE = "64x64"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 
@@ -48,7 +49,9 @@ def report_dir(inventory, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report")
     staging_waivers(hosts_of(inventory), out / "waivers.yml")
     done = subprocess.run([str(BIN / "vlfleet"), "report", "--inventory", str(inventory), "--out", str(out / "r"),
-                           "--waivers", str(out / "waivers.yml"), "--probe-tokens", "16", "--probe-runs", "2"],
+                           "--waivers", str(out / "waivers.yml"), "--probe-tokens", "16", "--probe-runs", "2",
+                           # small pictures: under TCG the VM takes about 75 s per 416x277 image, 4 s per 64x64
+                           "--probe-image", PROBE_IMAGE],
                           cwd=REPO, capture_output=True, text=True, timeout=2400, stdin=subprocess.DEVNULL)
     print(done.stdout + done.stderr)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -59,6 +62,7 @@ def report_dir(inventory, tmp_path_factory) -> Path:
 def test_json_twin_has_facts_and_probe_for_every_host(report_dir, service_hosts):
     data = json.loads((report_dir / "report.json").read_text())
     assert [h["name"] for h in data["hosts"]] == service_hosts
+    assert data["probe"] == {"tokens": 16, "runs": 2, "image": PROBE_IMAGE}
     for h in data["hosts"]:
         assert h["error"] is None, h
         assert h["ready"] and h["artifact_id"], h

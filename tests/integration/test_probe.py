@@ -41,6 +41,19 @@ def test_latency_with_clients_asks_that_many_at_once(service):
         assert max(r["first_token_s"] for r in batch) >= min(r["total_s"] for r in batch), batch
 
 
+def test_latency_refuses_a_bad_pictures_size():
+    # The size is the eighth argument: a bad one is a usage error of the program (the controller checks it first).
+    args = ["latency", "127.0.0.1", free_port(), 8, 1, 5, "", 1, "64"]
+    bad = subprocess.run([sys.executable, str(host_program.build().path), *map(str, args)], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "usage: latency" in bad.stdout, bad
+
+
+def test_latency_with_small_pictures_streams_real_requests(service):
+    (r,) = run("latency", "127.0.0.1", service.port, 4, 1, 120, "", 1, "32x32")
+    assert r["status"] == 200 and r["tokens"] == 4, r
+
+
 def test_latency_reports_a_refused_request_as_an_error():
     # A port where nothing listens: the error is reported per run, the program itself still succeeds.
     (r,) = run("latency", "127.0.0.1", free_port(), 8, 1, 5, timeout=60)

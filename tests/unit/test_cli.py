@@ -47,3 +47,11 @@ def test_site_gguf_refuses_what_it_cannot_ship_before_building_anything(tmp_path
     result = subprocess.run([VLFLEET, "wheelhouse.build", "--llamacpp", "fast"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1 and "llama.cpp build 'fast': use portable" in result.stderr, result.stderr
+
+
+def test_report_refuses_a_bad_probe_image_before_reaching_any_host(tmp_path):
+    result = subprocess.run([VLFLEET, "report", "--inventory", str(tmp_path / "missing.yml"), "--probe-image", "64"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "--probe-image: an image size is WIDTHxHEIGHT, each 1..4096 (e.g. 416x277), not '64'" in result.stderr
+    assert "Traceback" not in result.stderr
