@@ -51,7 +51,10 @@ def runtime_prefetched() -> Iterator[None]:
         yield
     finally:
         if child.is_alive():
-            os.killpg(child.pid, signal.SIGTERM)
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except ProcessLookupError:  # stopped before it made its group: it has started no compiler yet
+                child.terminate()
             child.join(30)
 
 
