@@ -1,4 +1,5 @@
-"""Staging fleets shared by every e2e test: brought up once per session, torn down at its end.
+"""Staging fleets shared by every e2e test: brought up once per session, torn down after its last e2e test (package
+scope: an idle TCG VM would otherwise take CPU from the integration and unit tests that follow).
 
 `staging_fleet`: 2 nspawn containers (c1, c2) + 1 qemu VM (vm1, two NUMA nodes) in group `vlm`, container lb1 in
 group `lb`.
@@ -50,7 +51,7 @@ def _fleet(name: str, **kwargs) -> Iterator:
         assert not problems, f"staging fleet {name!r} left objects behind: {problems}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def staging_fleet():
     """The standard e2e fleet (`ops.staging.fleet.StagingFleet`): c1, c2, vm1 in `vlm`, lb1 in `lb`. The session's
     converge needs the suite's llama.cpp build: on a cold cache it starts now, beside the fleet's bring-up."""
@@ -60,7 +61,7 @@ def staging_fleet():
         yield from _fleet(E2E_FLEET, **STANDARD)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def noavx2_fleet():
     """A one-VM fleet whose CPU has no AVX2 (qemu `-cpu max,-avx2`), group `vlm`, no lb."""
     from ops.staging.vms import NO_AVX2_CPU
@@ -68,14 +69,14 @@ def noavx2_fleet():
     yield from _fleet(f"{E2E_FLEET}-noavx2", containers=0, vms=1, lb=False, vm_cpu=NO_AVX2_CPU, vm_memory_mb=2048)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def staging_inventory(staging_fleet) -> Path:
     """Path of the e2e fleet's Ansible inventory (for ansible-playbook -i / testinfra ansible://)."""
     return staging_fleet.inventory_path
 
 
 # --- one converge for every module (tests/e2e/site_vars.py) ---------------------------------------------------
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def converged_inventory(staging_fleet, tiny_model: Path) -> Path:
     """The standard e2e fleet, converged with site.yml (once per session)."""
     from tests.e2e.site_vars import converge
