@@ -41,11 +41,12 @@ def runtime_prefetched() -> Iterator[None]:
     so the next one starts over."""
     from ops.llamacpp import build
 
-    if build.find(build.test_config()) is not None:
+    config = build.test_config()
+    if build.find(config) is not None:
         yield
         return
-    child = multiprocessing.get_context("fork").Process(target=_build_in_own_group, name="llamacpp-prefetch",
-                                                        daemon=True)
+    child = multiprocessing.get_context("fork").Process(target=_build_in_own_group, args=(config,),
+                                                        name="llamacpp-prefetch", daemon=True)
     child.start()
     try:
         yield
@@ -58,11 +59,11 @@ def runtime_prefetched() -> Iterator[None]:
             child.join(30)
 
 
-def _build_in_own_group() -> None:
+def _build_in_own_group(config) -> None:
     from ops.llamacpp import build
 
     os.setpgid(0, 0)  # the compilers it starts join this group, so one killpg stops them all
-    build.build(build.test_config(), say=lambda _msg: None)
+    build.build(config, say=lambda _msg: None)
 
 
 def converge(inventory: Path, artifact: Path, echo=print):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ops.fleet import host_program
+from ops.host.probe import image_size
 from ops.report import parse_facts
 from service.runtime import contract
 
@@ -100,14 +101,10 @@ def test_a_wrong_command_line_is_a_usage_error(args):
 
 @pytest.mark.parametrize(("text", "size"), [("", (416, 277)), ("64x64", (64, 64)), ("4096X1", (4096, 1))])
 def test_image_size_reads_width_and_height(text, size):
-    from ops.host.probe import image_size
-
     assert image_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["64", "0x10", "10x", "x10", "4097x1", "-1x5", "ax b"])
 def test_image_size_refuses_what_is_not_a_size(text):
-    from ops.host.probe import image_size
-
     with pytest.raises(ValueError, match=r"WIDTHxHEIGHT, each 1\.\.4096"):
         image_size(text)
