@@ -619,8 +619,6 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
     for engine, skip in tune.plan(None, None, info, clients):
         if engine in tune.LLAMACPP_RUNTIME and peer is None:
             skip = peer_error
-        elif engine == "hybrid":
-            skip = None  # tune measures it only when named; the bench does, so runs say where it should be default
         if skip:
             skipped[engine] = skip
             say(f"tune: {engine} skipped: {skip}")

@@ -93,8 +93,8 @@ LLAMACPP_RUNTIME = ("llamacpp", "hybrid")
 
 def plan(engines: Sequence[str] | None, pin: str | None, info: dict, clients: int = 1) -> list[tuple[str, str | None]]:
     """(engine, reason to skip it or None) in the order they are measured. A pin is the only candidate; without
-    ``engines`` every engine is one, batching skipped for one client at a time and hybrid unless named; llamacpp
-    and hybrid only where the host has a llama-server and a GGUF artifact."""
+    ``engines`` every engine is one, batching skipped for one client at a time; llamacpp and hybrid only where the
+    host has a llama-server and a GGUF artifact."""
     explicit = pin is not None or engines is not None
     out: list[tuple[str, str | None]] = []
     for engine in [pin] if pin else engines or ENGINES:
@@ -102,9 +102,6 @@ def plan(engines: Sequence[str] | None, pin: str | None, info: dict, clients: in
         if engine == "batching" and not explicit and clients <= 1:
             skip = ("shares decode steps between concurrent requests; one answer at a time (what tune measures "
                     "without --clients) only pays its overhead: give --clients N, or name it in --engines")
-        elif engine == "hybrid" and not explicit:
-            skip = ("measured when named (--engines ...,hybrid): it runs the host's llama.cpp wheel and GGUF "
-                    "artifact beside the IR, and its bench runs so far are from one CPU class (docs/engines.md)")
         elif engine in LLAMACPP_RUNTIME:
             skip = _llamacpp_missing(info.get("llama_server") or {})
         out.append((engine, skip))

@@ -7,8 +7,8 @@ Everything but the language model is the direct engine's: prompt, kept images, s
 llama_lm.SEQUENCES), each in its own llama.cpp sequence of one KV cache:
 
 - each turn of the loop feeds one chunk (PREFILL_CHUNK tokens) of one new prompt, then runs one decode step for
-  every answer past its prompt, all in one llama.cpp batch: a long new prompt delays the others' next tokens by a
-  chunk at a time, never by its whole prefill;
+  every answer past its prompt, the step in one llama.cpp batch: a long new prompt delays the others' next tokens
+  by a chunk at a time, never by its whole prefill;
 - each conversation's KV stays in its sequence after its answer, so its follow-up computes its new turn only, while
   other conversations come and go (up to SEQUENCES kept; the cache's room decides);
 - a new request whose prompt and longest answer do not fit beside the running ones waits for one to finish.
