@@ -222,7 +222,7 @@ class Bench:
     plan: Plan
     artifact: Callable[[str], Path]
     checkpoint: Callable[[], Path]
-    peer_inputs: Callable[[], PeerInputs] | None
+    peer_inputs: Callable[..., PeerInputs] | None  # (output_type=None): see ops/tasks/bench.py
     say: Progress
     default_engine: str
     wanted: frozenset[str]
@@ -404,7 +404,9 @@ def tune_load(b: Bench) -> Iterator[dict]:
 
 
 def levers(b: Bench) -> Iterator[dict]:
-    yield {"levers": lever_ab(b.plan, b.artifact, b.say)}
+    # llama.cpp's rows need a build of it, which a run without the hybrid engine does not ask for
+    peer = b.peer_inputs if "hybrid" in b.plan.engines else None
+    yield {"levers": lever_ab(b.plan, b.artifact, b.say, peer)}
 
 
 @dataclass(frozen=True)
@@ -683,19 +685,53 @@ LEVERS: tuple[tuple[str, str, dict[str, str], str], ...] = (
 )
 
 
-def lever_ab(plan: Plan, artifact: Callable[[str], Path], say: Callable[[str], None]) -> list[dict]:
-    """Quick A/B of service settings and int4 conversions: one server per setting, same workload."""
+# llama.cpp's vocabulary projection, read whole by every decoded token (the hybrid engine's decode): llama-quantize
+# keeps it at Q6_K, which ggml's CPU backend does not repack on x86; Q4_K it repacks, at less precision
+# (ops.llamacpp.gguf.OUTPUT_TYPES). (setting, output tensor type for peer_inputs)
+GGUF_LEVERS: tuple[tuple[str, str | None], ...] = (
+    ("hybrid engine, GGUF output tensor Q6_K (llama-quantize's default)", None),
+    ("hybrid engine, GGUF output tensor Q4_K (repacked on x86)", "Q4_K"),
+)
+
+
+@dataclass(frozen=True)
+class Lever:
+    name: str
+    setting: str
+    kind: str  # what it runs on: one of the bench's conversions, or that and a GGUF artifact
+    model: Callable[[], Path]
+    env: Callable[[], dict[str, str]]
+    rss: str = "worker"  # Server.peak_rss()'s key: "all" where the engine has a child process
+
+
+def levers_to_run(artifact: Callable[[str], Path], peer_inputs: Callable[..., PeerInputs] | None,
+                  cache: str) -> list[Lever]:
+    """LEVERS, with GGUF_LEVERS before the defaults' second run when there is a llama.cpp build (peer_inputs)."""
+    def ir(kind: str, template: dict[str, str]) -> tuple[Callable[[], Path], Callable[[], dict[str, str]]]:
+        return (lambda: artifact(kind)), (lambda: {k: v.format(cache=cache) for k, v in template.items()})
+
+    out = [Lever(name, setting, kind, *ir(kind, template)) for name, setting, template, kind in LEVERS]
+    if peer_inputs is None:
+        return out
+    gguf = [Lever("GGUF output tensor", setting, f"int4 + GGUF {output or 'Q6_K'} output", lambda: artifact("int4"),
+                  lambda output=output: {"VLFLEET_ENGINE": "hybrid", **hybrid_env(peer_inputs(output))}, "all")
+            for setting, output in GGUF_LEVERS]
+    return out[:-1] + gguf + out[-1:]
+
+
+def lever_ab(plan: Plan, artifact: Callable[[str], Path], say: Callable[[str], None],
+             peer_inputs: Callable[..., PeerInputs] | None = None) -> list[dict]:
+    """Quick A/B of service settings, int4 conversions and (with peer_inputs) the hybrid engine's GGUF: one server
+    per setting, same workload."""
     rows = []
-    cache = _compile_cache()
-    for name, setting, template, kind in LEVERS:
-        env = {k: v.format(cache=cache) for k, v in template.items()}
-        size = FULL_SIDE if "1200x800" in setting else (416, 277)
-        with Server(artifact(kind), plan.log_dir / f"lever-{len(rows)}.log", env) as s:
-            r = _answers(s.url, plan, *size, 700, say, f"lever {setting}")
-            rows.append({"name": name, "setting": setting, "artifact": kind, "cold_start_s": s.cold_start_s,
-                         "model_size": seen_size(s, *size),
+    for lever in levers_to_run(artifact, peer_inputs, _compile_cache()):
+        size = FULL_SIDE if "1200x800" in lever.setting else (416, 277)
+        with Server(lever.model(), plan.log_dir / f"lever-{len(rows)}.log", lever.env()) as s:
+            r = _answers(s.url, plan, *size, 700, say, f"lever {lever.setting}")
+            rows.append({"name": lever.name, "setting": lever.setting, "artifact": lever.kind,
+                         "cold_start_s": s.cold_start_s, "model_size": seen_size(s, *size),
                          "first_token_s": r["first_token_s"], "ms_per_token": r["ms_per_token"],
-                         "peak_rss_bytes": s.peak_rss()["worker"], "runs": r["runs"]})
+                         "peak_rss_bytes": s.peak_rss()[lever.rss], "runs": r["runs"]})
     return rows
 
 

@@ -45,6 +45,10 @@ CONVERTER_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
 QUANTIZE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
                   "IQ4_NL", "IQ4_XS")
 MMPROJ_TYPES = ("f32", "f16", "bf16", "q8_0")
+# The vocabulary projection's type (tied embeddings: the token embedding's), llama-quantize --output-tensor-type.
+# Left unset, llama-quantize keeps it at Q6_K for the 4- and 5-bit types, which ggml's CPU backend does not repack
+# on x86; Q4_0, Q4_K and IQ4_NL it repacks there (ggml-cpu/repack.cpp), at less precision.
+OUTPUT_TYPES = ("Q4_0", "Q4_K", "IQ4_NL", "Q5_K", "Q6_K", "Q8_0", "F16")
 # Versions recorded in the manifest: what shapes the bytes of the GGUF files.
 TOOLS = ("torch", "transformers", "numpy", "sentencepiece", "safetensors")
 PRE_TOKENIZER_FALLBACK = "qwen2"  # for Qwen-family checkpoints whose tokenizer the converter does not know
@@ -59,17 +63,25 @@ class GgufError(RuntimeError):
 class GgufParams:
     quant: str = "Q4_0"  # the language model's type, llama-quantize's spelling (case-insensitive on input)
     mmproj_type: str = "q8_0"  # the vision projector's, the converter's spelling
+    output_type: str | None = None  # OUTPUT_TYPES; None: llama-quantize's own choice
 
     def __post_init__(self) -> None:
         quant, mmproj = self.quant.upper(), self.mmproj_type.lower()
+        output = self.output_type.upper() if self.output_type else None
         if quant not in CONVERTER_TYPES and quant not in QUANTIZE_TYPES:
             raise ValueError(f"quantisation {self.quant!r} is not one of "
                              f"{', '.join((*QUANTIZE_TYPES, *CONVERTER_TYPES))}")
         if mmproj not in MMPROJ_TYPES:
             raise ValueError(f"mmproj type {self.mmproj_type!r} is not one of {', '.join(MMPROJ_TYPES)} "
                              "(the converter writes the vision projector; llama-quantize does not take it)")
+        if output is not None and output not in OUTPUT_TYPES:
+            raise ValueError(f"output tensor type {self.output_type!r} is not one of {', '.join(OUTPUT_TYPES)}")
+        if output is not None and quant in CONVERTER_TYPES:
+            raise ValueError(f"an output tensor type is set by llama-quantize, which {quant} does not go through: "
+                             f"choose one of {', '.join(QUANTIZE_TYPES)}, or leave the output type unset")
         object.__setattr__(self, "quant", quant)
         object.__setattr__(self, "mmproj_type", mmproj)
+        object.__setattr__(self, "output_type", output)
 
     @property
     def needs_quantize(self) -> bool:
@@ -82,20 +94,26 @@ class GgufParams:
         return CONVERTER_TYPES.get(self.quant, "f16")
 
     @property
+    def lm_type(self) -> str:
+        """The language model's type as named in files and labels: the quantisation, and the output's if set."""
+        return f"{self.quant}-output-{self.output_type}" if self.output_type else self.quant
+
+    @property
     def lm_file(self) -> str:
-        return f"language-model-{self.quant}.gguf"
+        return f"language-model-{self.lm_type}.gguf"
 
     @property
     def mmproj_file(self) -> str:
         return f"mmproj-{self.mmproj_type}.gguf"
 
     def label(self) -> str:
-        return f"{self.quant}-mmproj-{self.mmproj_type}"
+        return f"{self.lm_type}-mmproj-{self.mmproj_type}"
 
     def describe(self) -> dict[str, Any]:
         """The manifest's ``weight_format``."""
-        return {"format": mf.GGUF_FORMAT, "language_model": self.quant, "mmproj": self.mmproj_type,
-                "files": {"language_model": self.lm_file, "mmproj": self.mmproj_file}}
+        described = {"format": mf.GGUF_FORMAT, "language_model": self.quant, "mmproj": self.mmproj_type,
+                     "files": {"language_model": self.lm_file, "mmproj": self.mmproj_file}}
+        return {**described, "output": self.output_type} if self.output_type else described
 
 
 def pre_tokenizer_fallback(source: Path) -> str | None:
@@ -114,8 +132,10 @@ def converter_command(tree: Path, source: Path, outfile: Path, outtype: str, mmp
     return cmd + (["--mmproj"] if mmproj else [])
 
 
-def quantize_command(quantize: Path, f16: Path, out: Path, quant: str, threads: int = 2) -> list[str]:
-    return [str(quantize), str(f16), str(out), quant, str(threads)]
+def quantize_command(quantize: Path, f16: Path, out: Path, quant: str, threads: int = 2,
+                     output_type: str | None = None) -> list[str]:
+    output = ["--output-tensor-type", output_type] if output_type else []
+    return [str(quantize), *output, str(f16), str(out), quant, str(threads)]
 
 
 def tool_versions(source: source_mod.Source) -> dict[str, str]:
@@ -245,9 +265,9 @@ def convert(source: Path, out: Path, params: GgufParams, *, quantize: Path | Non
                 _log(quiet, f"the tokenizer's pre-tokenizer is not in the converter's table; wrote "
                             f"tokenizer.ggml.pre = {used_fallback!r} (synthetic checkpoints: see hf_to_gguf.py)")
             if params.needs_quantize:
-                _log(quiet, f"llama-quantize {lm_target.name} -> {params.lm_file} ({params.quant}, {threads} threads)")
-                _run(quantize_command(Path(quantize), lm_target, tmp / params.lm_file, params.quant, threads),
-                     log, not quiet, timeout, "llama-quantize")
+                _log(quiet, f"llama-quantize {lm_target.name} -> {params.lm_file} ({threads} threads)")
+                _run(quantize_command(Path(quantize), lm_target, tmp / params.lm_file, params.quant, threads,
+                                      params.output_type), log, not quiet, timeout, "llama-quantize")
                 lm_target.unlink()
             _log(quiet, f"vision projector: {source} -> {params.mmproj_file}")
             _run(converter_command(src.llama_cpp, source, tmp / params.mmproj_file, params.mmproj_type, mmproj=True,

@@ -26,14 +26,16 @@ def _checkpoint() -> Path:
     return checkpoint("2b", quiet=False)
 
 
-def _peer():
-    """llama-server built for this CPU and the 2b-shape checkpoint as GGUF (Q4_0 + mmproj q8_0), both cached."""
+def _peer(output_type: str | None = None):
+    """llama-server built for this CPU and the 2b-shape checkpoint as GGUF (Q4_0 + mmproj q8_0, the vocabulary
+    projection at ``output_type``, llama-quantize's choice if None), both cached."""
     from ops.bench.suite import PeerInputs
     from ops.llamacpp import build, gguf, shim
 
     built = build.build()
-    return PeerInputs(built.binary("llama-server"), gguf.cached("2b", gguf.GgufParams("Q4_0", "q8_0"), quiet=False),
-                      built.info, shim.shim(built))
+    params = gguf.GgufParams("Q4_0", "q8_0", output_type)
+    return PeerInputs(built.binary("llama-server"), gguf.cached("2b", params, quiet=False), built.info,
+                      shim.shim(built))
 
 
 @task(default=True, help={

@@ -142,8 +142,11 @@ def build(c, source="Qwen/Qwen3-VL-2B-Instruct", revision=None, out=None, endpoi
             "quant": "the language model's type: Q4_0 (default) and the other llama-quantize types (needs "
                      "`vlfleet llamacpp.build`, run here if not yet built), or F16, BF16, F32, Q8_0 (the converter "
                      "writes those itself)",
-            "mmproj_type": "the vision projector's type: q8_0 (default), f16, bf16 or f32"})
-def gguf(c, source, out, quant="Q4_0", mmproj_type="q8_0"):
+            "mmproj_type": "the vision projector's type: q8_0 (default), f16, bf16 or f32",
+            "output_type": "the vocabulary projection's type (a llama-quantize --quant only): unset, llama-quantize "
+                           "keeps Q6_K; Q4_K, Q4_0 and IQ4_NL decode faster on x86 CPUs (repacked kernels) at less "
+                           "precision (docs/engines.md)"})
+def gguf(c, source, out, quant="Q4_0", mmproj_type="q8_0", output_type=""):
     """Convert a checkpoint to a GGUF artifact for llama.cpp: language model + vision projector + manifest.json."""
     from ops.llamacpp.build import BuildError
     from ops.llamacpp.gguf import GgufError, GgufParams
@@ -151,7 +154,7 @@ def gguf(c, source, out, quant="Q4_0", mmproj_type="q8_0"):
     from ops.llamacpp.source import SourceError
 
     try:
-        params = GgufParams(quant, mmproj_type)
+        params = GgufParams(quant, mmproj_type, output_type or None)
     except ValueError as e:
         raise Exit(f"model.gguf: {e}") from None
     if not (Path(source) / "config.json").is_file():

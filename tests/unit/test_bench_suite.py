@@ -161,3 +161,31 @@ def test_structured_runs_on_the_shared_int4_service_and_on_each_other_engine(fak
     assert results["service"]["int4"]["structured"] == {"url": "http://int4.log"}
     assert results["service"]["int4_serial"]["structured"] == {"url": "http://int4-serial.log"}
     assert not results["errors"]
+
+
+def test_the_gguf_levers_run_on_the_hybrid_engine_between_the_two_defaults_runs(tmp_path):
+    from ops.bench.suite import GGUF_LEVERS, LEVERS, PeerInputs, levers_to_run
+
+    asked = []
+
+    def peer_inputs(output_type=None):
+        asked.append(output_type)
+        return PeerInputs(tmp_path / "llama-server", tmp_path / f"gguf-{output_type}", {}, tmp_path / "lib.so")
+
+    def artifact(kind):
+        return tmp_path / kind
+
+    assert [lv.setting for lv in levers_to_run(artifact, None, "c")] == [row[1] for row in LEVERS]
+    levers = levers_to_run(artifact, peer_inputs, "/cache")
+    assert [lv.setting for lv in levers] == [row[1] for row in LEVERS[:-1]] + [g[0] for g in GGUF_LEVERS] + [
+        LEVERS[-1][1]]
+    assert asked == []  # nothing is built until its lever runs
+    gguf = [lv for lv in levers if lv.name == "GGUF output tensor"]
+    envs = [lv.env() for lv in gguf]
+    assert asked == [output for _, output in GGUF_LEVERS]
+    assert [e["VLFLEET_LLAMACPP_MODEL_DIR"] for e in envs] == [str(tmp_path / f"gguf-{o}") for o in asked]
+    assert all(e["VLFLEET_ENGINE"] == "hybrid" for e in envs) and {lv.rss for lv in gguf} == {"all"}
+    assert {lv.model() for lv in gguf} == {tmp_path / "int4"}
+    cache = next(lv for lv in levers if "first start" in lv.setting)
+    assert cache.env() == {"VLFLEET_MODEL_CACHE_DIR": "/cache"} and cache.model() == tmp_path / "int4"
+    assert next(lv for lv in levers if lv.kind == "int4-sym").model() == tmp_path / "int4-sym"

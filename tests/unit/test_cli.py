@@ -55,3 +55,11 @@ def test_report_refuses_a_bad_probe_image_before_reaching_any_host(tmp_path):
     assert result.returncode == 1
     assert "--probe-image: an image size is WIDTHxHEIGHT, each 1..4096 (e.g. 416x277), not '64'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_gguf_refuses_an_output_type_the_converter_cannot_set(tmp_path):
+    result = subprocess.run([VLFLEET, "model.gguf", "--source", str(tmp_path), "--out", str(tmp_path / "o"),
+                             "--quant", "F16", "--output-type", "Q4_K"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "set by llama-quantize, which F16 does not go through" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()

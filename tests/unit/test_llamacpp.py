@@ -207,13 +207,24 @@ def test_gguf_params_normalise_and_choose_the_tool():
                             "files": {"language_model": "language-model-Q4_0.gguf", "mmproj": "mmproj-q8_0.gguf"}}
 
 
-@pytest.mark.parametrize(("quant", "mmproj", "message"), [
-    ("Q9", "q8_0", "quantisation 'Q9' is not one of Q4_0, "),
-    ("Q4_0", "Q4_0", "mmproj type 'Q4_0' is not one of f32, f16, bf16, q8_0"),
+def test_an_output_type_names_the_file_and_goes_to_llama_quantize():
+    p = gguf.GgufParams("Q4_0", "q8_0", "q4_k")
+    assert p.output_type == "Q4_K" and p.lm_file == "language-model-Q4_0-output-Q4_K.gguf"
+    assert p.label() == "Q4_0-output-Q4_K-mmproj-q8_0"
+    assert p.describe()["output"] == "Q4_K" and "output" not in gguf.GgufParams("Q4_0").describe()
+    assert gguf.quantize_command(Path("/b/q"), Path("f16.gguf"), Path("q.gguf"), "Q4_0", 2, p.output_type) == [
+        "/b/q", "--output-tensor-type", "Q4_K", "f16.gguf", "q.gguf", "Q4_0", "2"]
+
+
+@pytest.mark.parametrize(("quant", "mmproj", "output", "message"), [
+    ("Q9", "q8_0", None, "quantisation 'Q9' is not one of Q4_0, "),
+    ("Q4_0", "Q4_0", None, "mmproj type 'Q4_0' is not one of f32, f16, bf16, q8_0"),
+    ("Q4_0", "q8_0", "Q3", "output tensor type 'Q3' is not one of Q4_0, Q4_K, "),
+    ("F16", "q8_0", "Q4_K", "set by llama-quantize, which F16 does not go through: choose one of Q4_0, "),
 ])
-def test_gguf_params_refuse_unknown_types(quant, mmproj, message):
+def test_gguf_params_refuse_unknown_types(quant, mmproj, output, message):
     with pytest.raises(ValueError, match=message):
-        gguf.GgufParams(quant, mmproj)
+        gguf.GgufParams(quant, mmproj, output)
 
 
 def test_converter_and_quantize_commands():
