@@ -180,6 +180,25 @@ def peer_section(results: dict) -> list[str]:
     return out
 
 
+def llama_steps_section(results: dict) -> list[str]:
+    """The hybrid engine's batched decode step, by the sequences in it (ops.bench.llama_steps)."""
+    steps = results.get("llama_steps")
+    if not steps:
+        return []
+    one = next(r["ms_per_step"] for r in steps["rows"] if r["sequences"] == 1)
+    rows = [[str(r["sequences"]), "yes (a 4th row)" if r["padded"] else "no", num(r["ms_per_step"], 1),
+             num(r["ms_per_step"] / one, 2, "x"), num(r["sequences"] * one / r["ms_per_step"], 2, "x")]
+            for r in steps["rows"]]
+    return ["## llama.cpp decode step by sequences (the hybrid engine's batch)", "",
+            f"One decode step for several sequences at once through the hybrid engine's interface to libllama, on the "
+            f"peer's build and GGUF language model: {steps['threads']} threads, {steps['context']} tokens of context "
+            f"per sequence, median of {steps['steps']} steps (ops/bench/llama_steps.py). ggml's repacked matmuls take "
+            "a batch's rows four at a time and each one left over alone, so the engine pads a step of 3 with a "
+            "fourth row (ops/llamacpp/vlfleet_llama.c).", "",
+            table(["sequences", "padded", "ms per step", "vs 1 sequence", "tokens per step-time vs 1 sequence"],
+                  rows), ""]
+
+
 def tune_section(results: dict, key: str = "tune") -> list[str]:
     """Each engine `vlfleet tune` measured here, the one it picks and why; for one client at a time, beside the
     answer times it must beat."""
@@ -345,7 +364,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
             out += [f"First token: {verdicts['first_token_s']['summary']}. ms/token: "
                     f"{verdicts['ms_per_token']['summary']}. Within means |ratio - 1| <= {TOLERANCE:g}, either way: "
                     "an in-process side slower than the service means the two sides did not do the same work.", ""]
-    out += peer_section(results)
+    out += peer_section(results) + llama_steps_section(results)
     out += tune_section(results) + tune_section(results, "tune_load")
     levers = results.get("levers")
     if levers:

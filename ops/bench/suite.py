@@ -395,6 +395,20 @@ def peer(b: Bench) -> Iterator[dict]:
     yield {"peer": {**measure_peer(inputs, b.plan, b.say), "smoke": smoke}}
 
 
+def llama_steps(b: Bench) -> Iterator[dict]:
+    """The hybrid engine's decode step by the sequences in it, on the peer's build and GGUF (ops.bench.llama_steps)."""
+    from ops.bench import llama_steps as steps
+    from service.engine.llamacpp_child import gguf_files
+
+    inputs = b.peer_inputs() if b.peer_inputs is not None and "hybrid" in b.plan.engines else None
+    if inputs is None or inputs.lib is None:  # a peer given without the hybrid engine's library
+        return
+    result = steps.run_subprocess(inputs.lib, gguf_files(inputs.artifact).language_model)
+    b.say("llama.cpp decode step by sequences: " + ", ".join(
+        f"{r['sequences']}{' padded' if r['padded'] else ''} {r['ms_per_step']:.1f} ms" for r in result["rows"]))
+    yield {"llama_steps": result}
+
+
 def tune(b: Bench) -> Iterator[dict]:
     yield {"tune": tune_engines(b.plan, b.artifact, b.peer_inputs, b.say)}
 
@@ -447,6 +461,7 @@ def table(engines: tuple[str, ...], default_engine: str) -> tuple[Section, ...]:
                   when=("followup", "structured", "concurrency")) for engine in engines if engine != default_engine),
         Section("overhead", overhead),
         Section("peer", peer),
+        Section("peer", llama_steps, requires=("peer",)),  # not after a peer that crashed
         Section("tune", tune),
         Section("tune_load", tune_load),
         Section("levers", levers),

@@ -20,10 +20,15 @@
 #include "ggml-backend.h"
 #include "llama.h"
 
+/* The interface's number: bumped with every change of a function's signature or meaning here, and checked by
+ * service/engine/llama_worker.py, so a service never calls a shim of another interface (it would crash, not fail). */
+#define VL_INTERFACE 2
+
 typedef struct vl_lm {
     struct llama_model *model;
     struct llama_context *ctx;
     int32_t n_vocab, n_embd_inp, n_batch;
+    int32_t spare; /* a sequence no conversation uses: vl_decode_step's padding row */
 } vl_lm;
 
 static int vl_verbose = 0;
@@ -65,7 +70,7 @@ vl_lm *vl_open(const char *path, int32_t n_ctx, int32_t n_seq, int32_t n_threads
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)n_ctx;
     cp.n_batch = cp.n_ubatch = (uint32_t)n_batch;
-    cp.n_seq_max = (uint32_t)n_seq;
+    cp.n_seq_max = (uint32_t)n_seq + 1; /* and the spare */
     cp.kv_unified = true; /* one cache the sequences share: a busy conversation may use what idle ones do not */
     if (n_threads > 0) {
         cp.n_threads = cp.n_threads_batch = n_threads;
@@ -79,6 +84,7 @@ vl_lm *vl_open(const char *path, int32_t n_ctx, int32_t n_seq, int32_t n_threads
     lm->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(lm->model));
     lm->n_embd_inp = llama_model_n_embd_inp(lm->model);
     lm->n_batch = n_batch;
+    lm->spare = n_seq;
     return lm;
 }
 
@@ -90,6 +96,7 @@ void vl_close(vl_lm *lm) {
     }
 }
 
+int32_t vl_interface(void) { return VL_INTERFACE; }
 int32_t vl_n_vocab(const vl_lm *lm) { return lm->n_vocab; }
 int32_t vl_n_embd_inp(const vl_lm *lm) { return lm->n_embd_inp; }
 int32_t vl_n_ctx(const vl_lm *lm) { return (int32_t)llama_n_ctx(lm->ctx); }
@@ -159,23 +166,44 @@ int32_t vl_decode_embd(vl_lm *lm, int32_t seq, const float *embd, const int32_t 
     return rc != 0 ? rc : (out != NULL ? copy_last_logits(lm, out) : 0);
 }
 
+/* Rows a step of n sequences is given: ggml's repacked matmuls (Q4_0 and the like on x86) take a batch's rows four
+ * at a time and each one left over alone, at about half the cost of four, so 4k+3 rows cost more than 4k+4. */
+static int32_t padded(const vl_lm *lm, int32_t n) {
+    return (n % 4 == 3 && n < lm->n_batch) ? n + 1 : n;
+}
+
+static int32_t decode_step(vl_lm *lm, const int32_t *seqs, const int32_t *ids, const int32_t *pos, int32_t n,
+                           int32_t rows) {
+    struct llama_batch batch = llama_batch_init(rows, 0, 1);
+    batch.n_tokens = rows;
+    for (int32_t i = 0; i < rows; i++) {
+        /* the padding row: the first token again, alone in the spare sequence, no logits */
+        batch.token[i] = ids[i < n ? i : 0];
+        batch.pos[i] = i < n ? pos[i] : 0;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = i < n ? seqs[i] : lm->spare;
+        batch.logits[i] = (int8_t)(i < n);
+    }
+    int32_t rc = llama_decode(lm->ctx, batch);
+    llama_batch_free(batch);
+    if (rows > n) {
+        llama_memory_seq_rm(llama_get_memory(lm->ctx), lm->spare, -1, -1);
+    }
+    return rc;
+}
+
 /* One decode step for n sequences at once: token ids[i] of sequence seqs[i] at pos[i]; n x n_vocab logits into
- * out, in the order given. */
+ * out, in the order given. pad = 0 leaves the batch as it is (the bench's comparison). */
 int32_t vl_decode_step(vl_lm *lm, const int32_t *seqs, const int32_t *ids, const int32_t *pos, int32_t n,
-                       float *out) {
+                       int32_t pad, float *out) {
     if (n > lm->n_batch) {
         return -4;
     }
-    struct llama_batch batch = llama_batch_init(n, 0, 1);
-    batch.n_tokens = n;
-    for (int32_t i = 0; i < n; i++) {
-        batch.token[i] = ids[i];
-        batch.pos[i] = pos[i];
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = seqs[i];
-        batch.logits[i] = 1;
+    int32_t rows = pad ? padded(lm, n) : n;
+    int32_t rc = decode_step(lm, seqs, ids, pos, n, rows);
+    if (rc == 1 && rows > n) { /* no room for the padding row: the step without it */
+        rc = decode_step(lm, seqs, ids, pos, n, n);
     }
-    int32_t rc = llama_decode(lm->ctx, batch);
     for (int32_t i = 0; rc == 0 && i < n; i++) {
         const float *logits = llama_get_logits_ith(lm->ctx, i);
         if (logits == NULL) {
@@ -184,6 +212,5 @@ int32_t vl_decode_step(vl_lm *lm, const int32_t *seqs, const int32_t *ids, const
             memcpy(out + (size_t)i * (size_t)lm->n_vocab, logits, sizeof(float) * (size_t)lm->n_vocab);
         }
     }
-    llama_batch_free(batch);
     return rc;
 }

@@ -20,9 +20,23 @@ import numpy as np
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _F32P = ctypes.POINTER(ctypes.c_float)
 FULL_CACHE = 1  # llama_decode's code for "no room in the KV cache"
+INTERFACE = 2  # vlfleet_llama.c's VL_INTERFACE: the functions bound below, with these signatures
 
 
-def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+def _interface(lib: ctypes.CDLL) -> int:
+    try:
+        lib.vl_interface.restype = ctypes.c_int32
+    except AttributeError:
+        return 1  # the first interface had no number
+    return lib.vl_interface()
+
+
+def _bind(lib: ctypes.CDLL, path: str) -> ctypes.CDLL:
+    found = _interface(lib)
+    if found != INTERFACE:
+        raise RuntimeError(f"{path} is interface {found} of libvlfleet_llama.so and this service needs {INTERFACE}: "
+                           "install the vlfleet-llama-server wheel of this release (`vlfleet llamacpp.wheel`), or "
+                           "point VLFLEET_LLAMACPP_LIB at the one `vlfleet llamacpp.build` prints")
     lib.vl_open.restype = ctypes.c_void_p
     lib.vl_open.argtypes = [ctypes.c_char_p] + [ctypes.c_int32] * 5
     lib.vl_close.argtypes = [ctypes.c_void_p]
@@ -32,7 +46,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.vl_seq_rm.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]
     lib.vl_decode_tokens.argtypes = [ctypes.c_void_p, ctypes.c_int32, _I32P, _I32P, ctypes.c_int32, _F32P]
     lib.vl_decode_embd.argtypes = [ctypes.c_void_p, ctypes.c_int32, _F32P, _I32P, ctypes.c_int32, _F32P]
-    lib.vl_decode_step.argtypes = [ctypes.c_void_p, _I32P, _I32P, _I32P, ctypes.c_int32, _F32P]
+    lib.vl_decode_step.argtypes = [ctypes.c_void_p, _I32P, _I32P, _I32P, ctypes.c_int32, ctypes.c_int32, _F32P]
     for name in ("vl_seq_rm", "vl_decode_tokens", "vl_decode_embd", "vl_decode_step"):
         getattr(lib, name).restype = ctypes.c_int32
     return lib
@@ -51,7 +65,7 @@ class Model:
 
     def __init__(self, lib_path: str, gguf: str, n_ctx: int, n_seq: int, n_threads: int, n_batch: int,
                  verbose: bool = False):
-        self.lib = _bind(ctypes.CDLL(lib_path))
+        self.lib = _bind(ctypes.CDLL(lib_path), lib_path)
         self.handle = self.lib.vl_open(gguf.encode(), n_ctx, n_seq, n_threads, n_batch, int(verbose))
         if not self.handle:
             raise RuntimeError(f"llama.cpp could not load {gguf} (its messages are in the service's log)")
@@ -81,11 +95,12 @@ class Model:
         self._check(rc, "decoding image embeddings")
         return out
 
-    def step(self, seqs, ids, pos) -> np.ndarray:
+    def step(self, seqs, ids, pos, pad: bool = True) -> np.ndarray:
+        """One decode step of several sequences; ``pad``: a fourth row for a step of 3 (see vlfleet_llama.c)."""
         seqs, ids, pos = _i32(seqs), _i32(ids), _i32(pos)
         out = np.empty((len(ids), self.n_vocab), np.float32)
         rc = self.lib.vl_decode_step(self.handle, _ptr(seqs, _I32P), _ptr(ids, _I32P), _ptr(pos, _I32P),
-                                     len(ids), _ptr(out, _F32P))
+                                     len(ids), int(pad), _ptr(out, _F32P))
         self._check(rc, "a decode step")
         return out
 

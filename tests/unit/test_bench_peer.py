@@ -337,3 +337,14 @@ def test_a_smoke_failure_reads_as_how_llama_server_died():
     assert slow.headline().startswith("llama-server did not load: ")
     assert llama_server.headline({"ok": False, "stage": "start", "error": "cannot start"}) == (
         "llama-server did not start: cannot start")
+
+
+def test_the_llama_steps_table_says_what_padding_a_step_gives():
+    from ops.bench.bench_md import llama_steps_section
+
+    rows = [{"sequences": n, "padded": pad, "ms_per_step": ms}
+            for n, pad, ms in ((1, False, 80.0), (3, False, 240.0), (3, True, 160.0), (4, False, 160.0))]
+    md = "\n".join(llama_steps_section({"llama_steps": {"threads": 2, "context": 150, "steps": 12, "rows": rows}}))
+    assert "2 threads, 150 tokens of context per sequence, median of 12 steps" in md
+    assert "| 3 | no | 240.0 | 3.00x | 1.00x |" in md and "| 3 | yes (a 4th row) | 160.0 | 2.00x | 1.50x |" in md
+    assert llama_steps_section({}) == []

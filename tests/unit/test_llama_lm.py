@@ -4,9 +4,13 @@ real child and libllama are in tests/integration/test_hybrid_engine.py."""
 
 from __future__ import annotations
 
-import numpy as np
+import shutil
+import subprocess
 
-from service.engine import llama_lm
+import numpy as np
+import pytest
+
+from service.engine import llama_lm, llama_worker
 from service.engine.stateful_lm import Prompt
 from service.engine.vision import EncodedImage
 
@@ -109,3 +113,19 @@ def test_room_forgets_idle_sequences_oldest_first_and_never_a_busy_one():
     assert sb.keys  # not forgotten for nothing
     m.release(s)
     assert m.claim(prompt([1, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], None, []), 5) is not None
+
+
+def test_a_shim_of_another_interface_is_refused_with_the_fix(tmp_path):
+    """A service calling a libvlfleet_llama.so built from another vlfleet_llama.c would crash on the first changed
+    signature; its interface number is checked first, and no number is the first interface."""
+    if shutil.which("cc") is None:
+        pytest.fail("cc not found: install gcc (.ci/run does)")
+    for name, body in (("old", "int x(void) { return 0; }"), ("next", "int vl_interface(void) { return 99; }")):
+        (tmp_path / f"{name}.c").write_text(body + "\n")
+        lib = tmp_path / f"lib{name}.so"
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / f"{name}.c")], check=True)
+        found = 1 if name == "old" else 99
+        with pytest.raises(RuntimeError, match=rf"lib{name}.so is interface {found} of libvlfleet_llama.so and this "
+                                               rf"service needs {llama_worker.INTERFACE}: install the "
+                                               r"vlfleet-llama-server wheel of this release"):
+            llama_worker.Model(str(lib), "model.gguf", 256, 1, 1, 32)

@@ -1,0 +1,71 @@
+"""How a llama.cpp decode step's time grows with the sequences in it: the hybrid engine's batched step, timed through
+the engine's own interface (service.engine.llama_worker) on the peer's GGUF, in a child process of its own.
+
+ggml's repacked matmuls take a batch's rows four at a time and each one left over alone, so the engine pads a step
+of 4k+3 sequences with a fourth row (ops/llamacpp/vlfleet_llama.c): 3 sequences are timed with and without it.
+
+    python -m ops.bench.llama_steps --lib LIB --gguf GGUF [--threads N]   # one JSON line
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SEQUENCES = 4  # the hybrid engine's (service.engine.llama_lm.SEQUENCES)
+# (sequences, padded): every step size the engine takes, and 3 both ways
+CASES = ((1, True), (2, True), (3, False), (3, True), (4, True))
+
+
+def measure(lib: Path, gguf: Path, threads: int, context: int = 150, steps: int = 12, warmup: int = 2) -> dict:
+    """Fill each sequence with ``context`` tokens, then time ``steps`` decode steps (after ``warmup``) per case."""
+    import numpy as np
+
+    from service.engine.llama_worker import Model
+
+    model = Model(str(lib), str(gguf), 4096, SEQUENCES, threads, 512)
+    rng = np.random.default_rng(0)
+    for seq in range(SEQUENCES):
+        model.tokens(seq, rng.integers(100, 20000, context), np.arange(context), False)
+    at = [context] * SEQUENCES
+    rows = []
+    for n, pad in CASES:
+        wall = []
+        for _ in range(warmup + steps):
+            begin = time.perf_counter()
+            model.step(list(range(n)), rng.integers(100, 20000, n), at[:n], pad)
+            wall.append(time.perf_counter() - begin)
+            at[:n] = [p + 1 for p in at[:n]]
+        rows.append({"sequences": n, "padded": pad and n % 4 == 3,
+                     "ms_per_step": round(1000 * statistics.median(wall[warmup:]), 2)})
+    return {"threads": threads, "context": context, "steps": steps, "rows": rows}
+
+
+def run_subprocess(lib: Path, gguf: Path, threads: int | None = None, timeout: float = 600) -> dict:
+    """``measure`` in a fresh interpreter: libllama is loaded there, never in the bench, and a crash ends only it."""
+    threads = threads or len(os.sched_getaffinity(0))
+    cmd = [sys.executable, "-m", "ops.bench.llama_steps", "--lib", str(lib), "--gguf", str(gguf),
+           "--threads", str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama.cpp decode steps failed (exit {proc.returncode}): {proc.stderr[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lib", type=Path, required=True, help="libvlfleet_llama.so")
+    parser.add_argument("--gguf", type=Path, required=True, help="the GGUF language model file")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.lib, args.gguf, args.threads)))
+
+
+if __name__ == "__main__":
+    main()
