@@ -372,6 +372,9 @@ def render(results: dict, charts: list[str] | None = None) -> str:
                  num(lv["ms_per_token"], 1), gb(lv.get("peak_rss_bytes"))] for lv in levers]
         out += ["## Levers (A/B, int4)", "", table(["lever", "setting", "cold start (s)", "first token (s)",
                                                     "ms/token", "peak RSS (GB)"], rows), ""]
+    failed = results.get("levers_failed") or []
+    if failed:
+        out += [f"- lever {f['setting']} failed: {f['error']} (log: {f['log']})" for f in failed] + [""]
     errors = results.get("errors")
     if errors:
         out += ["## Sections that failed", ""] + [f"- {name}: {msg}" for name, msg in errors.items()] + [""]

@@ -420,7 +420,8 @@ def tune_load(b: Bench) -> Iterator[dict]:
 def levers(b: Bench) -> Iterator[dict]:
     # llama.cpp's rows need a build of it, which a run without the hybrid engine does not ask for
     peer = b.peer_inputs if "hybrid" in b.plan.engines else None
-    yield {"levers": lever_ab(b.plan, b.artifact, b.say, peer)}
+    rows, failed = lever_ab(b.plan, b.artifact, b.say, peer)
+    yield {"levers": rows, **({"levers_failed": failed} if failed else {})}
 
 
 @dataclass(frozen=True)
@@ -735,19 +736,25 @@ def levers_to_run(artifact: Callable[[str], Path], peer_inputs: Callable[..., Pe
 
 
 def lever_ab(plan: Plan, artifact: Callable[[str], Path], say: Callable[[str], None],
-             peer_inputs: Callable[..., PeerInputs] | None = None) -> list[dict]:
+             peer_inputs: Callable[..., PeerInputs] | None = None) -> tuple[list[dict], list[dict]]:
     """Quick A/B of service settings, int4 conversions and (with peer_inputs) the hybrid engine's GGUF: one server
-    per setting, same workload."""
-    rows = []
-    for lever in levers_to_run(artifact, peer_inputs, _compile_cache()):
+    per setting, same workload. (rows, failed): a setting that fails (an engine that does not start) costs its own
+    row, not the ones measured around it."""
+    rows, failed = [], []
+    for i, lever in enumerate(levers_to_run(artifact, peer_inputs, _compile_cache())):
         size = FULL_SIDE if "1200x800" in lever.setting else (416, 277)
-        with Server(lever.model(), plan.log_dir / f"lever-{len(rows)}.log", lever.env()) as s:
-            r = _answers(s.url, plan, *size, 700, say, f"lever {lever.setting}")
-            rows.append({"name": lever.name, "setting": lever.setting, "artifact": lever.kind,
-                         "cold_start_s": s.cold_start_s, "model_size": seen_size(s, *size),
-                         "first_token_s": r["first_token_s"], "ms_per_token": r["ms_per_token"],
-                         "peak_rss_bytes": s.peak_rss()[lever.rss], "runs": r["runs"]})
-    return rows
+        try:
+            with Server(lever.model(), plan.log_dir / f"lever-{i}.log", lever.env()) as s:
+                r = _answers(s.url, plan, *size, 700, say, f"lever {lever.setting}")
+                rows.append({"name": lever.name, "setting": lever.setting, "artifact": lever.kind,
+                             "cold_start_s": s.cold_start_s, "model_size": seen_size(s, *size),
+                             "first_token_s": r["first_token_s"], "ms_per_token": r["ms_per_token"],
+                             "peak_rss_bytes": s.peak_rss()[lever.rss], "runs": r["runs"]})
+        except Exception as e:
+            failed.append({"setting": lever.setting, "error": f"{type(e).__name__}: {e}"[:300],
+                           "log": str(plan.log_dir / f"lever-{i}.log")})
+            say(f"lever {lever.setting} FAILED: {failed[-1]['error']}")
+    return rows, failed
 
 
 def write(results: dict, out: Path) -> None:

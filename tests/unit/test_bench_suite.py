@@ -189,3 +189,36 @@ def test_the_gguf_levers_run_on_the_hybrid_engine_between_the_two_defaults_runs(
     cache = next(lv for lv in levers if "first start" in lv.setting)
     assert cache.env() == {"VLFLEET_MODEL_CACHE_DIR": "/cache"} and cache.model() == tmp_path / "int4"
     assert next(lv for lv in levers if lv.kind == "int4-sym").model() == tmp_path / "int4-sym"
+
+
+def test_a_lever_that_fails_costs_its_own_row_only(tmp_path, monkeypatch):
+    from ops.bench import bench_md, suite
+
+    class Started:
+        url, cold_start_s = "http://127.0.0.1:9", 1.0
+
+        def __init__(self, model, log, env):
+            if env.get("VLFLEET_THREADS") == "1":
+                raise RuntimeError("the service exited while starting")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def peak_rss(self):
+            return {"worker": 1, "all": 2}
+
+    monkeypatch.setattr(suite, "Server", Started)
+    monkeypatch.setattr(suite, "_answers", lambda *a: {"first_token_s": 1.0, "ms_per_token": 50.0, "runs": 1})
+    monkeypatch.setattr(suite, "seen_size", lambda *a: None)
+    monkeypatch.setattr(suite, "_compile_cache", lambda: str(tmp_path / "cache"))
+    plan = Plan(runs=1, log_dir=tmp_path)
+    said = []
+    rows, failed = suite.lever_ab(plan, lambda kind: tmp_path / kind, said.append)
+    assert [f["setting"] for f in failed] == ["VLFLEET_THREADS=1"] and "exited while starting" in failed[0]["error"]
+    assert len(rows) == len(suite.LEVERS) - 1 and rows[-1]["setting"] == suite.LEVERS[-1][1]
+    assert any("VLFLEET_THREADS=1 FAILED" in line for line in said)
+    md = bench_md.render({"meta": {}, "levers": rows, "levers_failed": failed, "errors": {}})
+    assert "- lever VLFLEET_THREADS=1 failed: RuntimeError: the service exited while starting" in md
