@@ -193,8 +193,9 @@ def llama_steps_section(results: dict) -> list[str]:
             f"One decode step for several sequences at once through the hybrid engine's interface to libllama, on the "
             f"peer's build and GGUF language model: {steps['threads']} threads, {steps['context']} tokens of context "
             f"per sequence, median of {steps['steps']} steps (ops/bench/llama_steps.py). ggml's repacked matmuls take "
-            "a batch's rows four at a time and each one left over alone, so the engine pads a step of 3 with a "
-            "fourth row (ops/llamacpp/vlfleet_llama.c).", "",
+            "a batch's rows four at a time and each one left over alone; a step of 3 is timed as the engine runs "
+            "it and with a fourth row (ops/llamacpp/vlfleet_llama.c), which the engine leaves off: it would change a "
+            "seeded answer with what it is batched with.", "",
             table(["sequences", "padded", "ms per step", "vs 1 sequence", "tokens per step-time vs 1 sequence"],
                   rows), ""]
 

@@ -1,8 +1,9 @@
 """How a llama.cpp decode step's time grows with the sequences in it: the hybrid engine's batched step, timed through
 the engine's own interface (service.engine.llama_worker) on the peer's GGUF, in a child process of its own.
 
-ggml's repacked matmuls take a batch's rows four at a time and each one left over alone, so the engine pads a step
-of 4k+3 sequences with a fourth row (ops/llamacpp/vlfleet_llama.c): 3 sequences are timed with and without it.
+ggml's repacked matmuls take a batch's rows four at a time and each one left over alone, so a step of 4k+3
+sequences can be given a fourth row (ops/llamacpp/vlfleet_llama.c): 3 sequences are timed with and without it. The
+engine does not pad (service.engine.llama_lm.LlamaLM.step_many says why).
 
     python -m ops.bench.llama_steps --lib LIB --gguf GGUF [--threads N]   # one JSON line
 """
@@ -19,8 +20,8 @@ import time
 from pathlib import Path
 
 SEQUENCES = 4  # the hybrid engine's (service.engine.llama_lm.SEQUENCES)
-# (sequences, padded): every step size the engine takes, and 3 both ways
-CASES = ((1, True), (2, True), (3, False), (3, True), (4, True))
+# (sequences, padded): every step size the engine takes, and 3 padded
+CASES = ((1, False), (2, False), (3, False), (3, True), (4, False))
 
 
 def measure(lib: Path, gguf: Path, threads: int, context: int = 150, steps: int = 12, warmup: int = 2) -> dict:

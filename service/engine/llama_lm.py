@@ -232,10 +232,12 @@ class LlamaLM:
                 s.starts.extend(prompt.positions[0, a:b].tolist())
                 yield out
 
-    def step_many(self, steps: list[tuple[Sequence, int, int]]) -> np.ndarray:
-        """One decode step: token of each (sequence, token, position) at its position; (len(steps), vocab) logits."""
+    def step_many(self, steps: list[tuple[Sequence, int, int]], pad: bool = False) -> np.ndarray:
+        """One decode step: token of each (sequence, token, position) at its position; (len(steps), vocab) logits.
+        ``pad``: a step of 3 gets a fourth row (vlfleet_llama.c). Off in the engine: the rows then take another
+        matmul kernel than one sequence alone, so a seeded answer would change with what it is batched with."""
         out = self._worker.call("step", [s.seq for s, _, _ in steps], [t for _, t, _ in steps],
-                                [p for _, _, p in steps])
+                                [p for _, _, p in steps], pad)
         for s, token, position in steps:
             s.keys.append(token)
             s.starts.append(position)

@@ -95,7 +95,7 @@ class Model:
         self._check(rc, "decoding image embeddings")
         return out
 
-    def step(self, seqs, ids, pos, pad: bool = True) -> np.ndarray:
+    def step(self, seqs, ids, pos, pad: bool = False) -> np.ndarray:
         """One decode step of several sequences; ``pad``: a fourth row for a step of 3 (see vlfleet_llama.c)."""
         seqs, ids, pos = _i32(seqs), _i32(ids), _i32(pos)
         out = np.empty((len(ids), self.n_vocab), np.float32)
