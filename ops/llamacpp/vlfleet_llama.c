@@ -193,7 +193,8 @@ static int32_t decode_step(vl_lm *lm, const int32_t *seqs, const int32_t *ids, c
 }
 
 /* One decode step for n sequences at once: token ids[i] of sequence seqs[i] at pos[i]; n x n_vocab logits into
- * out, in the order given. pad = 0 leaves the batch as it is (the bench's comparison). */
+ * out, in the order given. pad != 0 adds the padding row to a step of 4k+3: faster, but the rows then take the
+ * 4-row kernel, so a seeded answer would depend on its batch; the engine passes 0, the bench compares both. */
 int32_t vl_decode_step(vl_lm *lm, const int32_t *seqs, const int32_t *ids, const int32_t *pos, int32_t n,
                        int32_t pad, float *out) {
     if (n > lm->n_batch) {
