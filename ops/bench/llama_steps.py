@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-SEQUENCES = 4  # the hybrid engine's (service.engine.llama_lm.SEQUENCES)
 # (sequences, padded): every step size the engine takes, and 3 padded
 CASES = ((1, False), (2, False), (3, False), (3, True), (4, False))
 
@@ -28,9 +27,10 @@ def measure(lib: Path, gguf: Path, threads: int, context: int = 150, steps: int 
     """Fill each sequence with ``context`` tokens, then time ``steps`` decode steps (after ``warmup``) per case."""
     import numpy as np
 
+    from service.engine.llama_lm import N_BATCH, SEQUENCES  # the hybrid engine's context, as it opens it
     from service.engine.llama_worker import Model
 
-    model = Model(str(lib), str(gguf), 4096, SEQUENCES, threads, 512)
+    model = Model(str(lib), str(gguf), 4096, SEQUENCES, threads, N_BATCH)
     rng = np.random.default_rng(0)
     for seq in range(SEQUENCES):
         model.tokens(seq, rng.integers(100, 20000, context), np.arange(context), False)
@@ -43,7 +43,7 @@ def measure(lib: Path, gguf: Path, threads: int, context: int = 150, steps: int 
             model.step(list(range(n)), rng.integers(100, 20000, n), at[:n], pad)
             wall.append(time.perf_counter() - begin)
             at[:n] = [p + 1 for p in at[:n]]
-        rows.append({"sequences": n, "padded": pad and n % 4 == 3,
+        rows.append({"sequences": n, "padded": pad,
                      "ms_per_step": round(1000 * statistics.median(wall[warmup:]), 2)})
     return {"threads": threads, "context": context, "steps": steps, "rows": rows}
 

@@ -742,17 +742,16 @@ def lever_ab(plan: Plan, artifact: Callable[[str], Path], say: Callable[[str], N
     row, not the ones measured around it."""
     rows, failed = [], []
     for i, lever in enumerate(levers_to_run(artifact, peer_inputs, _compile_cache())):
-        size = FULL_SIDE if "1200x800" in lever.setting else (416, 277)
+        size, log = FULL_SIDE if "1200x800" in lever.setting else (416, 277), plan.log_dir / f"lever-{i}.log"
         try:
-            with Server(lever.model(), plan.log_dir / f"lever-{i}.log", lever.env()) as s:
+            with Server(lever.model(), log, lever.env()) as s:
                 r = _answers(s.url, plan, *size, 700, say, f"lever {lever.setting}")
                 rows.append({"name": lever.name, "setting": lever.setting, "artifact": lever.kind,
                              "cold_start_s": s.cold_start_s, "model_size": seen_size(s, *size),
                              "first_token_s": r["first_token_s"], "ms_per_token": r["ms_per_token"],
                              "peak_rss_bytes": s.peak_rss()[lever.rss], "runs": r["runs"]})
         except Exception as e:
-            failed.append({"setting": lever.setting, "error": f"{type(e).__name__}: {e}"[:300],
-                           "log": str(plan.log_dir / f"lever-{i}.log")})
+            failed.append({"setting": lever.setting, "error": f"{type(e).__name__}: {e}"[:300], "log": str(log)})
             say(f"lever {lever.setting} FAILED: {failed[-1]['error']}")
     return rows, failed
 
