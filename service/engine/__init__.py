@@ -14,10 +14,13 @@ HTTP threads submit a Job and read its typed events; only the inference thread t
 - ``llamacpp``: LlamaCppEngine, a private llama-server child process on a GGUF artifact (``llamacpp_child``
   starts, watches and stops it; ``llamacpp_api`` is what is said to it).
 - ``hybrid``: HybridEngine, the direct engine with llama.cpp's language model (``llama_lm``, in the child process
-  ``llama_worker`` runs, through ops/llamacpp/vlfleet_llama.c).
+  ``llama_worker`` runs, through ops/llamacpp/vlfleet_llama.c), several conversations' KV kept side by side
+  (``kept_sequences``) and stepped together.
+- ``paged``: PagedEngine, hybrid's loop over the artifact's own language model on a paged KV cache (``paged_lm``).
 
-Dependencies point one way (events <- job <- base <- serial, batching, direct, llamacpp; genai beside them) and
-the modules import each other directly, never this package, so importing any of them cannot make a cycle.
+Dependencies point one way (events <- job <- base <- serial, batching, direct, llamacpp; direct <- hybrid <- paged;
+genai beside them) and the modules import each other directly, never this package, so importing any of them cannot
+make a cycle.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from service.engine.genai import generation_config, load_pipeline, pipeline_prop
 from service.engine.hybrid import HybridEngine
 from service.engine.job import Job
 from service.engine.llamacpp import LlamaCppEngine
+from service.engine.paged import PagedEngine
 from service.engine.serial import SerialEngine
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "Job",
     "Keepalive",
     "LlamaCppEngine",
+    "PagedEngine",
     "SerialEngine",
     "Started",
     "Token",
@@ -58,13 +63,14 @@ __all__ = [
 
 
 ENGINES: dict[str, type[Engine]] = {"direct": DirectEngine, "serial": SerialEngine, "batching": BatchingEngine,
-                                    "llamacpp": LlamaCppEngine, "hybrid": HybridEngine}
+                                    "llamacpp": LlamaCppEngine, "hybrid": HybridEngine, "paged": PagedEngine}
 
 
 def make_engine(settings, *args, **kwargs) -> Engine:
     """The engine VLFLEET_ENGINE names: direct (the sub-models), serial (VLMPipeline), batching
-    (ContinuousBatchingPipeline), llamacpp (a llama-server child process) or hybrid (the direct engine's vision in
-    front of llama.cpp's language model)."""
+    (ContinuousBatchingPipeline), llamacpp (a llama-server child process), hybrid (the direct engine's vision in
+    front of llama.cpp's language model) or paged (the direct engine's sub-models, several conversations stepped
+    together over a paged KV cache)."""
     return ENGINES[settings.engine](settings, *args, **kwargs)
 
 

@@ -1,14 +1,15 @@
 """The hybrid engine: the direct engine with llama.cpp's language model (service.engine.llama_lm) behind its
 OpenVINO vision tower (service.engine.vision), for hosts where llama.cpp decodes faster and OpenVINO encodes images
-faster (AMD EPYC, docs/engines.md).
+faster (AMD EPYC, docs/engines.md). Its loop is also the paged engine's (service.engine.paged), over OpenVINO's own
+language model.
 
 Everything but the language model is the direct engine's: prompt, kept images, sampling, grammar, logprobs
 (service.engine.direct_pipeline.Answer). Unlike direct it answers up to VLFLEET_MAX_BATCH requests at once (at most
-llama_lm.SEQUENCES), each in its own llama.cpp sequence of one KV cache:
+kept_sequences.SEQUENCES), each in its own sequence of one KV cache (service.engine.kept_sequences):
 
 - each turn of the loop feeds one chunk (PREFILL_CHUNK tokens) of one new prompt, then runs one decode step for
-  every answer past its prompt, the step in one llama.cpp batch: a long new prompt delays the others' next tokens
-  by a chunk at a time, never by its whole prefill;
+  every answer past its prompt, the step in one batch: a long new prompt delays the others' next tokens by a chunk
+  at a time, never by its whole prefill;
 - each conversation's KV stays in its sequence after its answer, so its follow-up computes its new turn only, while
   other conversations come and go (up to SEQUENCES kept; the cache's room decides);
 - a new request whose prompt and longest answer do not fit beside the running ones waits for one to finish.
@@ -27,7 +28,8 @@ from service.engine.direct import DirectEngine, Running
 from service.engine.direct_pipeline import Answer, DirectPipeline
 from service.engine.errors import APIError
 from service.engine.job import FINISHED, RUNNING, Job
-from service.engine.llama_lm import SEQUENCES, LlamaLM, Sequence
+from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence
+from service.engine.llama_lm import LlamaLM
 
 log = logging.getLogger("vlfleet.engine")
 
@@ -48,16 +50,17 @@ class Batched(Running):
 class HybridEngine(DirectEngine):
     # Several answers share decode steps, so the sum of queued job times would overstate a wait (as on batching).
     estimates_wait = False
+    language_model: type[KeptSequences] = LlamaLM  # what keeps the sequences and steps them (paged: OpenVINO's)
 
     def _load(self):
-        return DirectPipeline(self.settings, language_model=LlamaLM)
+        return DirectPipeline(self.settings, language_model=self.language_model)
 
     def _failure(self, error: Exception) -> Exception:
         try:
-            self.pipeline.lm.reset()  # a child that died is replaced here, before the next request
+            self.pipeline.lm.reset()  # llama.cpp: a child that died is replaced here, before the next request
         except Exception as e:  # whatever stops a new child from loading ends serving
-            log.exception("the llama.cpp child could not be started again")
-            self._give_up(f"llama.cpp's language model could not be started again: {e}")
+            log.exception("the language model could not be started again")
+            self._give_up(f"the language model could not be started again: {e}")
         return error
 
     # --- the loop -------------------------------------------------------------------------------------------
@@ -71,8 +74,8 @@ class HybridEngine(DirectEngine):
             if running:
                 try:
                     self._turn(running)
-                except Exception as e:  # llama.cpp failed or its child died: every answer in it is lost
-                    log.exception("llama.cpp step failed")
+                except Exception as e:  # the language model failed (llama.cpp: or its child died): all are lost
+                    log.exception("batched step failed")
                     error = self._failure(e)  # every sequence is forgotten (a new child if it died)
                     for r in running:
                         self._fail(r.job, error)
@@ -95,8 +98,9 @@ class HybridEngine(DirectEngine):
             if claimed is None and not running:  # alone, it can never fit: a setting, not a wait
                 self._drop(r, APIError(
                     f"the prompt ({len(r.answer.prompt.ids)} tokens) and its max_tokens "
-                    f"({r.job.sampling.max_tokens}) do not fit in llama.cpp's context of "
-                    f"{self.pipeline.lm.n_ctx} tokens: raise VLFLEET_LLAMACPP_CTX, or ask for fewer tokens",
+                    f"({r.job.sampling.max_tokens}) do not fit in the language model's context of "
+                    f"{self.pipeline.lm.n_ctx} tokens: raise {self.pipeline.lm.context_setting}, or ask for fewer "
+                    "tokens",
                     400, code="context_length_exceeded"))
                 continue
             if claimed is None:

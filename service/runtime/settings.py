@@ -124,7 +124,7 @@ FIELDS: tuple[Field, ...] = (
           "an IP address or host name"),
     Field("port", _int_range(1, 65535), 8000, "TCP port to listen on."),
     Field("device", _choice("CPU"), "CPU", "OpenVINO device."),
-    Field("engine", _choice("direct", "serial", "batching", "llamacpp", "hybrid"), "direct",
+    Field("engine", _choice("direct", "serial", "batching", "llamacpp", "hybrid", "paged"), "direct",
           "direct: one request at a time over the artifact's sub-models, keeping encoded images and the "
           "conversation's KV, so a follow-up re-runs neither the vision encoder nor the earlier turns. serial: one "
           "genai VLMPipeline, one request at a time. batching: a "
@@ -133,8 +133,9 @@ FIELDS: tuple[Field, ...] = (
           "VLFLEET_MODEL_DIR), one request at a time; decodes faster, first token slower (docs/engines.md). "
           "hybrid: the direct engine's OpenVINO vision tower in front of llama.cpp's language model (the GGUF "
           "artifact of VLFLEET_LLAMACPP_MODEL_DIR, in a child process): up to VLFLEET_MAX_BATCH requests at once "
-          "sharing decode steps, each conversation's KV kept. "
-          "`vlfleet tune` picks per host."),
+          "sharing decode steps, each conversation's KV kept. paged: the direct engine with its language model "
+          "over a paged KV cache (VLFLEET_KV_CACHE_GB): up to VLFLEET_MAX_BATCH requests at once sharing decode "
+          "steps, each conversation's KV and images kept. `vlfleet tune` picks per host."),
     Field("llamacpp_server", _path, None,
           "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = the "
           "one in the installed vlfleet-llama-server wheel (`vlfleet llamacpp.wheel`, shipped in the wheelhouse), "
@@ -155,9 +156,11 @@ FIELDS: tuple[Field, ...] = (
     Field("llamacpp_restarts", _int_range(0, 100), 5,
           "Times in a row the llamacpp engine restarts a llama-server that died or would not start before it "
           "gives up (the service then stays unready); a restart that serves resets the count."),
-    Field("max_batch", _int_range(1, 256), 4, "Requests generating at once (batching engine; hybrid: at most 4)."),
+    Field("max_batch", _int_range(1, 256), 4,
+          "Requests generating at once (batching engine; hybrid and paged: at most 4)."),
     Field("kv_cache_gb", _int_range(1, 1024), 2,
-          "KV-cache size in GiB; it also holds the prefix cache that makes follow-ups cheaper."),
+          "KV-cache size in GiB (batching and paged engines); it also holds the prefix cache that makes "
+          "follow-ups cheaper."),
     Field("threads", _int_range(0, 1024), 0,
           "OpenVINO inference threads; 0 = one per CPU in the process's affinity mask (the launcher sets it)."),
     Field("precision", _choice("auto", "bf16", "f32"), "auto",

@@ -27,7 +27,7 @@ from tests.integration.test_bad_input import chat
 MODEL = "qwen3-vl-2b-instruct"
 QUESTION = "Describe the weather in three words."
 # the top_logprobs each engine is asked for (batching: none)
-TOP = {"direct": 5, "batching": 0, "llamacpp": 5, "hybrid": 5}
+TOP = {"direct": 5, "batching": 0, "llamacpp": 5, "hybrid": 5, "paged": 5}
 # The reference below computes in f32 with an f32 KV cache and no dynamic quantisation of activations, so the engine's
 # language model must too (the CPU plugin's defaults: bf16 where the CPU has it, a u8 KV cache, int8 activations).
 EXACT = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
@@ -35,7 +35,7 @@ ENV = {"VLFLEET_ANSWER_CACHE_MB": "0", "VLFLEET_PRECISION": "f32", "VLFLEET_KV_P
        "VLFLEET_DQ_GROUP_SIZE": "0", "VLFLEET_MAX_TOKENS": "4096"}
 
 
-@pytest.fixture(scope="module", params=["direct", "serial", "batching", "llamacpp", "hybrid"])
+@pytest.fixture(scope="module", params=["direct", "serial", "batching", "llamacpp", "hybrid", "paged"])
 def engine(request, tmp_path_factory):
     """(name, service, openai client) of each engine, the answer cache off."""
     server = start_engine(request.param, request, tmp_path_factory, **ENV)
@@ -82,7 +82,7 @@ def check_distribution(entries, top: int, greedy: bool) -> None:
 
 
 # serial refuses logprobs (test_serial_refuses_logprobs_naming_the_engines_that_can)
-@pytest.mark.parametrize("engine", ["direct", "batching", "llamacpp", "hybrid"], indirect=True)
+@pytest.mark.parametrize("engine", ["direct", "batching", "llamacpp", "hybrid", "paged"], indirect=True)
 def test_logprobs_of_a_whole_and_a_streamed_answer(engine):
     name, _, client = engine
     top = TOP[name]
@@ -102,7 +102,7 @@ def test_logprobs_of_a_whole_and_a_streamed_answer(engine):
 ENTRY, TOP_ENTRY = {"token", "logprob", "bytes", "top_logprobs"}, {"token", "logprob", "bytes"}
 
 
-@pytest.mark.parametrize("engine", ["direct", "batching", "llamacpp", "hybrid"], indirect=True)
+@pytest.mark.parametrize("engine", ["direct", "batching", "llamacpp", "hybrid", "paged"], indirect=True)
 def test_the_raw_json_has_openais_shape(engine):
     """The wire format itself, as a client without the SDK reads it: whole and streamed."""
     name, server, _ = engine

@@ -21,7 +21,7 @@ MODEL = "qwen3-vl-2b-instruct"
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
 
-@pytest.fixture(scope="module", params=["direct", "serial", "batching", "llamacpp", "hybrid"])
+@pytest.fixture(scope="module", params=["direct", "serial", "batching", "llamacpp", "hybrid", "paged"])
 def engine(request, tmp_path_factory):
     server = start_engine(request.param, request, tmp_path_factory, **ENV)
     yield request.param, server, OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -114,7 +114,7 @@ def test_a_client_that_goes_away_cancels_every_choice(engine):
     after = create(client_of(server), max_tokens=2)
     assert after.choices[0].message.content is not None
     others = [f"{rid}.{c}" for c in (1, 2)]
-    if name in ("batching", "hybrid"):  # the engines that run them beside choice 0
+    if name in ("batching", "hybrid", "paged"):  # the engines that run them beside choice 0
         server.wait_inference_lines(*others, timeout=30)
     lines = [line for other in others for line in server.inference_lines(other)]
     assert all(line["finish_reason"] == "cancelled" for line in lines), lines

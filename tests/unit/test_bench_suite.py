@@ -29,7 +29,7 @@ def test_quick_plan_is_smaller_than_the_full_one():
 
 def test_engines_come_from_the_service_settings():
     engines, default = service_engines()
-    assert engines and set(engines) <= {"serial", "direct", "batching", "hybrid"}
+    assert engines and set(engines) <= {"serial", "direct", "batching", "hybrid", "paged"}
     assert default is None or default in engines
 
 

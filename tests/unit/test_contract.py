@@ -90,7 +90,7 @@ def test_the_contract_is_what_settings_accepts():
     for name in contract.ENGINES:
         assert settings.load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_ENGINE": name}).engine == name
         assert tune.override_text(name).endswith(f"VLFLEET_ENGINE={name}\n")
-    with pytest.raises(settings.SettingsError, match="expected direct, serial, batching, llamacpp or hybrid"):
+    with pytest.raises(settings.SettingsError, match="expected direct, serial, batching, llamacpp, hybrid or paged"):
         settings.load({"VLFLEET_MODEL_DIR": "/m", "VLFLEET_ENGINE": "vllm"})
     assert set(contract.HOST_NAMES) >= {f.env for f in settings.FIELDS} | {"VLFLEET_CPUS", "VLFLEET_CPU_PLAN_FILE"}
 

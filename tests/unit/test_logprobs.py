@@ -59,8 +59,8 @@ def test_llama_servers_entries_lose_their_ids():
 
 
 def test_each_engine_refuses_what_it_cannot_give():
-    assert logprob_engines() == ["direct", "batching", "llamacpp", "hybrid"]
-    assert logprob_engines(1) == ["direct", "llamacpp", "hybrid"]
+    assert logprob_engines() == ["direct", "batching", "llamacpp", "hybrid", "paged"]
+    assert logprob_engines(1) == ["direct", "llamacpp", "hybrid", "paged"]
     asked = Sampling(8, logprobs=True, top_logprobs=3)
     with pytest.raises(APIError) as serial:
         require_logprobs(Sampling(8, logprobs=True), ENGINES["serial"], "serial")

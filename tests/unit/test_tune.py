@@ -34,7 +34,8 @@ def _run(total: float, first: float = 0.5, tokens: int = 16, error: str | None =
 
 def test_default_candidates_skip_batching_and_an_unshipped_llamacpp_with_reasons():
     steps = dict(t.plan(None, None, NO_SERVER))
-    assert list(steps) == ["direct", "serial", "batching", "llamacpp", "hybrid"] == list(contract.ENGINES)  # default
+    default = ["direct", "serial", "batching", "llamacpp", "hybrid", "paged"]
+    assert list(steps) == default == list(contract.ENGINES)
     assert steps["serial"] is None and steps["direct"] is None
     assert "concurrent" in steps["batching"] and "--engines" in steps["batching"]
     assert "no llama-server on the host" in steps["llamacpp"] and "vlfleet site --gguf" in steps["llamacpp"]
@@ -237,9 +238,9 @@ def _ran(session: Session) -> list[str]:
 def test_fleet_run_measures_picks_records_and_a_failing_host_is_put_back(remote, tmp_path):
     h1 = Session(host=ADDR["h1"], user="deploy", commands=[
         INFO, FACTS, QUIESCE, _up("direct"), _latency(1.0), _peak(400), _up("serial"), _latency(2.0), _peak(300),
-        _up("direct"), _answer({"written": True})])
+        _up("paged"), _latency(1.5), _peak(400), _up("direct"), _answer({"written": True})])
     down = _answer({"ok": False, "reason": "the service exited (failed/failed, exit status 1)", "journal": []})
-    h2 = Session(host=ADDR["h2"], user="deploy", commands=[INFO, FACTS, QUIESCE, down, down, _up("direct")])
+    h2 = Session(host=ADDR["h2"], user="deploy", commands=[INFO, FACTS, QUIESCE, down, down, down, _up("direct")])
     lb = Session(host=ADDR["lb1"], user="deploy", commands=[LB] * 4)
     remote.expect_sessions(h1, h2, lb)
     hostvars = {h: {"ansible_host": a, "ansible_user": "deploy"} for h, a in ADDR.items()}
@@ -251,17 +252,17 @@ def test_fleet_run_measures_picks_records_and_a_failing_host_is_put_back(remote,
     ok, failed = results
     assert (ok.ok, ok.engine, failed.ok, failed.engine) == (True, "direct", False, None)
     # direct was measured first and won: the service is restarted on it; the record goes to the host and here
-    assert _ran(h1) == ["tune_info", "facts", "quiesce", "set_engine", "latency", "peak", "set_engine", "latency",
-                        "peak", "set_engine", "write_record"]
+    assert _ran(h1) == ["tune_info", "facts", "quiesce", *["set_engine", "latency", "peak"] * 3, "set_engine",
+                        "write_record"]
     assert step_args(h1.channels[-2].exec_command.call_args[0][0])["engine"] == "direct"
     written = step_args(h1.channels[-1].exec_command.call_args[0][0])
     assert written["path"] == contract.TUNED_FILE and written["record"]["engine"] == "direct"
     assert json.loads((tmp_path / "tune-h1.json").read_text()) == written["record"]
     assert written["record"]["candidates"]["serial"]["score_s"] == 2.1
     assert written["record"]["budget_bytes"] == 1600 * MiB
-    # h2: both engines failed to start, so it went back to the release's engine (no override: the service's default)
+    # h2: every engine failed to start, so it went back to the release's engine (no override: the service's default)
     # and nothing was written
-    assert _ran(h2) == ["tune_info", "facts", "quiesce", "set_engine", "set_engine", "set_engine"]
+    assert _ran(h2) == ["tune_info", "facts", "quiesce", *["set_engine"] * 4]
     assert step_args(h2.channels[-1].exec_command.call_args[0][0])["engine"] is None
     assert "no engine answered within budget" in failed.message and "back on direct as before" in failed.message
     assert not (tmp_path / "tune-h2.json").exists()
@@ -270,7 +271,7 @@ def test_fleet_run_measures_picks_records_and_a_failing_host_is_put_back(remote,
     assert any(line.startswith("[tune] h1: direct: ready in 2.0 s; 2 x 8 tokens: 1.1 s") for line in lines)
     assert "[tune] h1: batching: skipped: " + dict(t.plan(None, None, NO_SERVER))["batching"] in lines
     table = t.table(results)
-    assert "direct 1.1, serial 2.1" in table and "direct failed, serial failed" in table
+    assert "direct 1.1, serial 2.1, paged 1.6" in table and "direct failed, serial failed, paged failed" in table
 
 
 @pytest.fixture

@@ -1,0 +1,162 @@
+"""Qwen3-VL's OpenVINO language model over a paged KV cache the service manages, so that one decode step computes
+several conversations (the paged engine, service.engine.paged): the artifact's own language model, as the direct
+engine runs it, but with service.engine.kept_sequences' sequences instead of one stateful request.
+
+The exported model is stateful (one KV state per infer request). openvino's paged-attention transformation, the one
+genai's ContinuousBatchingPipeline applies, turns it into a model that reads and writes the KV of many sequences in
+caller-owned cache tensors of fixed-size blocks: each call takes the new tokens of every sequence in it, laid end to
+end, with each sequence's tokens already cached (``past_lens``) and its block table. This module owns the tensors,
+hands out blocks, and builds those inputs; prompt, images and sampling stay the direct engine's.
+
+The vocabulary projection is computed for the last new token of each sequence only (``logit_rows``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from service.engine.direct_pipeline import split_properties
+from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence
+from service.engine.stateful_lm import Prompt
+
+CACHE_PREFIX = ("key_cache.", "value_cache.")
+
+
+class PagedLM(KeptSequences):
+    context_setting = "VLFLEET_KV_CACHE_GB"
+
+    def __init__(self, settings, model_dir: Path):
+        import openvino as ov
+
+        core = ov.Core()
+        _, props = split_properties(settings)
+        model = core.read_model(str(Path(model_dir) / "openvino_language_model.xml"))
+        self._layers = _static(model.input("deepstack_visual_embeds").get_partial_shape()[0])
+        self._hidden = model.input("inputs_embeds").get_partial_shape()[2].get_length()
+        self.vocab_size = model.output("logits").get_partial_shape()[2].get_length()
+        _paged(model)
+        compiled = core.compile_model(model, settings.device, props)
+        self._request = compiled.create_infer_request()
+        self._embed = core.compile_model(str(Path(model_dir) / "openvino_text_embeddings_model.xml"),
+                                         settings.device, props).create_infer_request()
+        caches = [i for i in compiled.inputs if i.get_any_name().startswith(CACHE_PREFIX)]
+        # Tokens per block: the caches' third dimension, less the rows of scales a u8 key cache quantised per
+        # channel adds there (the values' per-token scales go in the last dimension).
+        self.block_size = min(i.get_partial_shape()[2].get_length() for i in caches)
+        per_block = sum(_block_bytes(i) for i in caches)
+        self.n_blocks = max(2 * SEQUENCES, int(settings.kv_cache_gb * 2**30) // per_block)
+        self._caches = []  # uninitialised: only the blocks handed out take memory (zeroed then, _grow)
+        for i in caches:
+            shape = [self.n_blocks, *(d.get_length() for d in list(i.get_partial_shape())[1:])]
+            self._caches.append(ov.Tensor(i.get_element_type(), shape))
+            self._request.set_tensor(i.get_any_name(), self._caches[-1])
+        # A sequence's last block is partly empty: n_ctx leaves one block per sequence for it, so a claim the
+        # token count allows always finds its blocks.
+        self.n_ctx = (self.n_blocks - SEQUENCES) * self.block_size
+        self._init_sequences()
+        self._free = list(range(self.n_blocks))
+
+    def reset(self) -> None:
+        self._forget_all()
+        self._free = list(range(self.n_blocks))
+
+    def feed(self, s: Sequence, prompt: Prompt, keep: int, chunk: int) -> Iterator[np.ndarray | None]:
+        n = len(prompt.ids)
+        for a in range(keep, n, chunk):
+            b = min(a + chunk, n)
+            self._grow(s, b)
+            embeds, mask, deepstack = self._rows(prompt, a, b)
+            logits = self._infer([(s, b - a)], embeds, prompt.positions[:, a:b], mask, deepstack)
+            self._kept(s, prompt, a, b)
+            yield logits[0] if b == n else None
+
+    def step_many(self, steps: list[tuple[Sequence, int, int]]) -> np.ndarray:
+        for s, _, _ in steps:
+            self._grow(s, len(s.keys) + 1)
+        embeds = self._embed.infer({"input": np.array([[t for _, t, _ in steps]], np.int64)})[0][0]
+        positions = np.tile(np.array([p for _, _, p in steps], np.int64), (3, 1))  # text: the three rows together
+        logits = self._infer([(s, 1) for s, _, _ in steps], embeds, positions, np.zeros(len(steps), bool), [])
+        self._stepped(steps)
+        return logits
+
+    def _rows(self, prompt: Prompt, a: int, b: int) -> tuple[np.ndarray, np.ndarray, list]:
+        """Prompt tokens a..b as the model takes them: embeddings (image tokens' from the vision tower), which are
+        image tokens, and those tokens' deepstack features."""
+        embeds = self._embed.infer({"input": prompt.ids[None, a:b]})[0][0].copy()
+        mask, deepstack = np.zeros(b - a, bool), []
+        for start, image, _ in prompt.images:
+            lo, hi = max(start, a), min(start + image.tokens, b)
+            if hi > lo:
+                embeds[lo - a:hi - a] = image.embeds[lo - start:hi - start]
+                mask[lo - a:hi - a] = True
+                deepstack.append(image.deepstack[:, lo - start:hi - start])
+        return embeds, mask, deepstack
+
+    def _infer(self, rows: list[tuple[Sequence, int]], embeds: np.ndarray, positions: np.ndarray,
+               mask: np.ndarray, deepstack: list) -> np.ndarray:
+        """One call for ``rows`` (sequence, its new tokens' count; their tokens laid end to end in ``embeds``):
+        the logits after each sequence's last new token, (len(rows), vocab)."""
+        total = len(embeds)
+        past = np.array([len(s.keys) for s, _ in rows], np.int32)
+        lens = np.array([n for _, n in rows], np.int32)
+        ends = np.cumsum(lens)
+        # With no image token in the call the exported graph still gathers one row per position: give it zeros.
+        ds = (np.concatenate(deepstack, axis=1) if deepstack
+              else np.zeros((self._layers, total, self._hidden), np.float32))
+        out = self._request.infer({
+            "inputs_embeds": embeds, "position_ids": positions, "visual_pos_masks": mask[None],
+            "deepstack_visual_embeds": ds, "past_lens": past,
+            "subsequence_begins": np.concatenate([[0], ends]).astype(np.int32),
+            "block_indices": np.concatenate([s.blocks for s, _ in rows]).astype(np.int32),
+            "block_indices_begins": np.cumsum([0] + [len(s.blocks) for s, _ in rows]).astype(np.int32),
+            "max_context_len": np.array((past + lens).max(), np.int32),
+            "logit_rows": (ends - 1).astype(np.int64)})
+        return np.array(out["logits"][:, 0])
+
+    def _grow(self, s: Sequence, tokens: int) -> None:
+        """Blocks enough for ``s`` to hold ``tokens``."""
+        need = -(-tokens // self.block_size) - len(s.blocks)
+        if need > len(self._free):
+            raise MemoryError(f"the KV cache ({self.n_blocks} blocks of {self.block_size} tokens) is full: "
+                              f"raise {self.context_setting}")
+        for _ in range(need):
+            block = self._free.pop()
+            for cache in self._caches:
+                cache.data[block] = 0
+            s.blocks.append(block)
+
+    def _cut_kv(self, s: Sequence, length: int) -> None:
+        keep = -(-length // self.block_size)
+        self._free.extend(s.blocks[keep:])
+        del s.blocks[keep:]
+
+
+def _static(dim) -> int:
+    return 0 if dim.is_dynamic else dim.get_length()
+
+
+def _block_bytes(port) -> int:
+    shape = port.get_partial_shape()
+    return int(np.prod([shape[k].get_length() for k in range(1, len(shape))])) * port.get_element_type().bitwidth // 8
+
+
+def _paged(model) -> None:
+    """The paged-attention form of the model, with the vocabulary projection for the rows ``logit_rows`` names
+    (one per sequence: its last new token) instead of every new token."""
+    import openvino as ov
+    import openvino.opset13 as ops
+    from openvino._offline_transformations import paged_attention_transformation
+
+    paged_attention_transformation(model)
+    head = model.output("logits").get_node().input_value(0).get_node()
+    while head.get_type_name() != "MatMul":
+        head = head.input_value(0).get_node()
+    rows = ops.parameter([-1], ov.Type.i64, name="logit_rows")
+    rows.output(0).get_tensor().set_names({"logit_rows"})
+    picked = ops.gather(head.input_value(0), rows, ops.constant(np.int64(0)))
+    head.input(0).replace_source_output(picked.output(0))
+    model.add_parameters([rows])
+    model.validate_nodes_and_infer_types()
