@@ -31,15 +31,15 @@ TOLERANCE = 2e-3
 
 
 @pytest.fixture(scope="module")
-def hybrid(request, tmp_path_factory):
+def server(request, tmp_path_factory):
     server = start_engine("hybrid", request, tmp_path_factory, **ENV)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def client(hybrid):
-    return OpenAI(base_url=hybrid.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+def client(server):
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def _follow_up(first: list[dict], answer, question: str) -> list[dict]:
@@ -47,24 +47,24 @@ def _follow_up(first: list[dict], answer, question: str) -> list[dict]:
             {"role": "user", "content": question}]
 
 
-def test_a_follow_up_runs_the_vision_encoder_zero_times(hybrid, client):
+def test_a_follow_up_runs_the_vision_encoder_zero_times(server, client):
     first = [image_message("What is in this image?", png_bytes((120, 90), (20, 160, 60)))]
-    runs0 = hybrid.metric(RUNS)
+    runs0 = server.metric(RUNS)
     answer = _ask(client, first)
-    assert hybrid.metric(RUNS) == runs0 + 1
-    reused0 = hybrid.metric(REUSED)
+    assert server.metric(RUNS) == runs0 + 1
+    reused0 = server.metric(REUSED)
     assert _ask(client, _follow_up(first, answer, "And its colour?")).choices[0].message.content is not None
-    assert hybrid.metric(RUNS) == runs0 + 1  # the re-sent image was kept
-    assert hybrid.metric(REUSED) - reused0 >= answer.usage.prompt_tokens  # the first turn came from the KV
+    assert server.metric(RUNS) == runs0 + 1  # the re-sent image was kept
+    assert server.metric(REUSED) - reused0 >= answer.usage.prompt_tokens  # the first turn came from the KV
 
 
-def test_two_conversations_taking_turns_each_keep_their_kv(hybrid, client):
-    """A, B, then both follow-ups at once: each follow-up finds its own conversation in its own llama.cpp
-    sequence (one KV state, as the direct engine has, would have been cut back to the chat template for one)."""
+def test_two_conversations_taking_turns_each_keep_their_kv(server, client):
+    """A, B, then both follow-ups at once: each follow-up finds its own conversation in its own sequence (one KV
+    state, as the direct engine has, would have been cut back to the chat template for one)."""
     firsts = [[image_message(q, png_bytes((100, 80), c))]
               for q, c in (("Describe it.", (200, 30, 30)), ("What shape is it?", (30, 30, 200)))]
     answers = [_ask(client, f) for f in firsts]
-    reused0 = hybrid.metric(REUSED)
+    reused0 = server.metric(REUSED)
     results: list = [None, None]
 
     def follow(i: int) -> None:
@@ -76,11 +76,11 @@ def test_two_conversations_taking_turns_each_keep_their_kv(hybrid, client):
     for t in threads:
         t.join(timeout=120)
     assert all(r is not None for r in results)
-    assert hybrid.metric(REUSED) - reused0 >= sum(a.usage.prompt_tokens for a in answers)
+    assert server.metric(REUSED) - reused0 >= sum(a.usage.prompt_tokens for a in answers)
 
 
-def test_a_crashed_language_model_fails_one_request_and_the_next_is_served(hybrid, client):
-    workers = [p for p in psutil.Process(hybrid.proc.pid).children(recursive=True)
+def test_a_crashed_language_model_fails_one_request_and_the_next_is_served(server, client):
+    workers = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
                if "service.engine.llama_worker" in " ".join(p.cmdline())]
     assert len(workers) == 1, workers
     workers[0].send_signal(signal.SIGKILL)  # a process this test's service started
@@ -88,10 +88,10 @@ def test_a_crashed_language_model_fails_one_request_and_the_next_is_served(hybri
     servers.wait_for(lambda: not workers[0].is_running() or workers[0].status() == psutil.STATUS_ZOMBIE,
                      timeout=10, what="the killed worker to end")
     question = [image_message("What is this?", png_bytes((64, 64), (5, 5, 5)))]
-    status, body = post(hybrid, {"model": MODEL, "messages": question, "max_tokens": 4})
+    status, body = post(server, {"model": MODEL, "messages": question, "max_tokens": 4})
     assert status >= 500 and "SIGKILL" in body["error"]["message"], body
     assert _ask(client, question).choices[0].message.content is not None
-    status, ready = servers.get(hybrid.url + "/readyz")
+    status, ready = servers.get(server.url + "/readyz")
     assert status == 200, ready
 
 
@@ -159,9 +159,9 @@ def test_logits_equal_the_direct_engines(fp16_pair):
     hybrid.lm.close()
 
 
-def test_concurrent_answers_share_decode_steps(hybrid, client):
-    """Three clients at once: their decode steps run as one llama.cpp batch (the inference log's
-    decode_batch_max), and each answer is whole."""
+def test_concurrent_answers_share_decode_steps(server, client):
+    """Three clients at once: their decode steps run as one batch (the inference log's decode_batch_max), and
+    each answer is whole."""
     ids, results = [f"batch-{i}" for i in range(3)], [None] * 3
 
     def ask(i: int) -> None:
@@ -175,7 +175,7 @@ def test_concurrent_answers_share_decode_steps(hybrid, client):
     for t in threads:
         t.join(timeout=120)
     assert all(r is not None and r.usage.completion_tokens == 48 for r in results), results
-    lines = [lines[-1] for lines in hybrid.wait_inference_lines(*ids)]
+    lines = [lines[-1] for lines in server.wait_inference_lines(*ids)]
     assert max(line["decode_batch_max"] for line in lines) >= 2, lines
 
 

@@ -5,7 +5,6 @@ concurrent answers share decode steps. The answer cache is off: every answer her
 
 from __future__ import annotations
 
-import threading
 import types
 
 import numpy as np
@@ -13,11 +12,14 @@ import pytest
 from openai import OpenAI
 
 from service.engine.conversation import Conversation, Turn
-from tests.integration.conftest import image_message, png_bytes, start_engine
-from tests.integration.test_direct_engine import _ask
-from tests.integration.test_hybrid_engine import REUSED, RUNS, _conversation, _follow_up
+from tests.integration.conftest import start_engine
+from tests.integration.test_hybrid_engine import (  # the hybrid engine's HTTP checks, run here on this module's server
+    _conversation,
+    test_a_follow_up_runs_the_vision_encoder_zero_times,  # noqa: F401
+    test_concurrent_answers_share_decode_steps,  # noqa: F401
+    test_two_conversations_taking_turns_each_keep_their_kv,  # noqa: F401
+)
 
-MODEL = "qwen3-vl-2b-instruct"
 ENV = {"VLFLEET_ANSWER_CACHE_MB": "0"}
 # The same IR, both sides in f32 with an f32 KV cache: what differs is the attention kernel (paged against the
 # stateful model's) and the order of its sums. Measured on the tiny model: 4e-7 of the largest logit.
@@ -25,63 +27,15 @@ TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
-def paged(request, tmp_path_factory):
+def server(request, tmp_path_factory):
     server = start_engine("paged", request, tmp_path_factory, **ENV)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def client(paged):
-    return OpenAI(base_url=paged.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def test_a_follow_up_runs_the_vision_encoder_zero_times(paged, client):
-    first = [image_message("What is in this image?", png_bytes((120, 90), (20, 160, 60)))]
-    runs0 = paged.metric(RUNS)
-    answer = _ask(client, first)
-    assert paged.metric(RUNS) == runs0 + 1
-    reused0 = paged.metric(REUSED)
-    assert _ask(client, _follow_up(first, answer, "And its colour?")).choices[0].message.content is not None
-    assert paged.metric(RUNS) == runs0 + 1  # the re-sent image was kept
-    assert paged.metric(REUSED) - reused0 >= answer.usage.prompt_tokens  # the first turn came from the KV
-
-
-def test_two_conversations_asking_follow_ups_at_once_each_keep_their_kv(paged, client):
-    firsts = [[image_message(q, png_bytes((100, 80), c))]
-              for q, c in (("Describe it.", (200, 30, 30)), ("What shape is it?", (30, 30, 200)))]
-    answers = [_ask(client, f) for f in firsts]
-    reused0 = paged.metric(REUSED)
-    results: list = [None, None]
-
-    def follow(i: int) -> None:
-        results[i] = _ask(client, _follow_up(firsts[i], answers[i], "Why?"))
-
-    threads = [threading.Thread(target=follow, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert all(r is not None for r in results)
-    assert paged.metric(REUSED) - reused0 >= sum(a.usage.prompt_tokens for a in answers)
-
-
-def test_concurrent_answers_share_decode_steps(paged, client):
-    ids, results = [f"paged-{i}" for i in range(3)], [None] * 3
-
-    def ask(i: int) -> None:
-        results[i] = client.chat.completions.create(
-            model=MODEL, messages=[image_message(f"Question {i}?", png_bytes((64 + 8 * i, 64), (9, 99, 9 * i)))],
-            max_tokens=48, temperature=0, extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": ids[i]})
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert all(r is not None and r.usage.completion_tokens == 48 for r in results), results
-    lines = [lines[-1] for lines in paged.wait_inference_lines(*ids)]
-    assert max(line["decode_batch_max"] for line in lines) >= 2, lines
+def client(server):
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 # --- the logits, in process ---------------------------------------------------------------------------------
