@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.engine.answer_ids import AnswerIds
 from service.engine.conversation import Conversation, Sampling
 from service.engine.detokenize import IncrementalDecoder
 from service.engine.genai import pipeline_properties, render_prompt
@@ -66,6 +67,7 @@ class DirectPipeline:
         self.lm = (language_model(settings, model_dir) if language_model is not None
                    else StatefulLM(core, model_dir, settings.device, lm_props))
         self.grammars = Grammars(model_dir, self.lm.vocab_size, self.ids.eos)
+        self.answer_ids = AnswerIds()
         self._model_dir = model_dir
 
     @functools.cached_property
@@ -82,12 +84,17 @@ class DirectPipeline:
 
     def prompt(self, conv: Conversation, stats: Generation) -> Prompt:
         text = render_prompt(self.tokenizer, conv, lambda _i: VISION_PLACEHOLDER)
-        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).input_ids.data[0], dtype=np.int64)
+        ids = self.answer_ids.encode(text, self._encode)  # earlier answers as they were generated
         runs, started = self.vision.runs, time.monotonic()
         images = [(self.vision.encode(img.pixels, img.digest), img.digest) for img in conv.images]
         stats.image_encode_s = time.monotonic() - started
         stats.images_encoded = self.vision.runs - runs
-        return expand_images(ids, self.ids.image, images)
+        prompt = expand_images(ids, self.ids.image, images)
+        prompt.text, prompt.text_ids = text, ids
+        return prompt
+
+    def _encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).input_ids.data[0], dtype=np.int64)
 
     def generate(self, conv: Conversation, sampling: Sampling, on_text: Callable[[str], None],
                  cancelled: Callable[[], bool], on_logprob: Callable[[dict], None] | None = None) -> Generation:
@@ -118,6 +125,7 @@ class Answer:
         self.prompt = pipe.prompt(conv, self.stats)
         self.stats.prompt_tokens = len(self.prompt.ids)
         self._rng = np.random.default_rng(sampling.seed)
+        self._generated: list[int] = []
         self._text = TextOut(IncrementalDecoder(pipe.tokenizer), sampling.stop, on_text)
 
     @property
@@ -140,12 +148,16 @@ class Answer:
         if sampling.logprobs and self._on_logprob is not None:
             self._on_logprob(from_logits(logits, token, sampling.top_logprobs, self._pipe.token_bytes))
         self.stats.completion_tokens += 1
+        self._generated.append(token)
         if self._text.push(token) or self.stats.completion_tokens >= sampling.max_tokens or self._cancelled():
             return None
         return token
 
     def finish(self) -> Generation:
         self._text.flush()
+        if not self._text.stopped:  # past a stop string the text sent is not what the tokens say
+            self._pipe.answer_ids.remember(self.prompt.text + self._text.sent,
+                                           np.concatenate([self.prompt.text_ids, self._generated]).astype(np.int64))
         return self.stats
 
 
@@ -155,6 +167,7 @@ class TextOut:
     def __init__(self, decoder: IncrementalDecoder, stop: tuple[str, ...] | list[str], on_text):
         self._decoder, self._stop, self._on_text = decoder, tuple(s for s in stop or () if s), on_text
         self._held = ""  # text that could be the start of a stop string
+        self.sent, self.stopped = "", False
         self._hold = max((len(s) for s in self._stop), default=1) - 1
 
     def push(self, token: int) -> bool:
@@ -164,7 +177,7 @@ class TextOut:
             at = self._held.find(s)
             if at >= 0:
                 self._send(self._held[:at])
-                self._held = ""
+                self._held, self.stopped = "", True
                 return True
         cut = len(self._held) - self._hold
         if cut > 0:
@@ -179,6 +192,7 @@ class TextOut:
 
     def _send(self, piece: str) -> None:
         if piece:
+            self.sent += piece
             self._on_text(piece)
 
 

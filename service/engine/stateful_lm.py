@@ -50,6 +50,8 @@ class Prompt:
     positions: np.ndarray = field(init=False)  # (3, S)
     next_position: int = field(init=False)
     keys: tuple = field(init=False)  # token ids, image tokens replaced by (digest, index)
+    text: str = ""  # the rendered conversation it was made of (DirectPipeline.prompt)
+    text_ids: np.ndarray | None = None  # that text's ids, one placeholder per image
 
     def __post_init__(self):
         self.positions, self.next_position = mrope_positions(len(self.ids), self.images)

@@ -58,6 +58,33 @@ def test_stateless_follow_up_reuses_the_image_and_the_turns(direct, client):
     assert reused2 - reused1 >= answer.usage.prompt_tokens
 
 
+def test_a_follow_up_reuses_the_answer_as_it_was_generated(tiny_model):
+    """An answer generated as tokens its tokenizer would split otherwise (here each letter its own token): a
+    follow-up that re-sends its text reuses every token the KV state holds, the prompt and all of the answer but
+    its last token, because the text is taken back as the ids it was generated as (service.engine.answer_ids)."""
+    from service.engine.conversation import Sampling
+    from service.engine.direct_pipeline import Answer, DirectPipeline, Generation
+
+    pipe = DirectPipeline(_settings(tiny_model))
+    letters = [int(pipe._encode(c)[0]) for c in "the image shows"]
+    assert list(pipe._encode("the image shows")) != letters  # the text alone would tokenize otherwise
+    first = _conversation("Describe this image.")
+    sent: list[str] = []
+    answer = Answer(pipe, first, Sampling(max_tokens=len(letters), temperature=0), sent.append, lambda: False)
+    logits, _ = pipe.lm.prefill(answer.prompt)
+    for want in letters:  # the answer the logits choose: one letter after another
+        logits = np.full_like(logits, -1e9)
+        logits[want] = 0
+        if (token := answer.next_token(logits)) is not None:
+            logits = pipe.lm.step(token, answer.position)
+    answer.finish()
+    assert "".join(sent) == "the image shows"
+    follow = Conversation((*first.turns, Turn("assistant", "".join(sent)), Turn("user", "Why?")))
+    _, kept = pipe.lm.prefill(pipe.prompt(follow, Generation()))
+    assert kept == len(answer.prompt.ids) + len(letters) - 1
+
+
+
 def test_web_ui_session_follow_up_reuses_the_image(direct, tmp_path):
     picture = tmp_path / "picture.png"
     picture.write_bytes(png_bytes((100, 140), (200, 120, 10)))
