@@ -67,7 +67,9 @@ class Server:
 
     def inference_lines(self, request_id: str | None = None) -> list[dict]:
         """The service's JSON "inference" log lines (one per answer), in order; those of one request if given."""
-        lines = [json.loads(line) for line in self.log().splitlines() if line.startswith("{")]
+        text = self.log()
+        complete = text[:text.rfind("\n") + 1]  # a line being written is read on a later call
+        lines = [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
         return [line for line in lines if line.get("msg") == "inference"
                 and (request_id is None or line.get("request_id") == request_id)]
 

@@ -146,19 +146,20 @@ def smoke(binary: Path, artifact: Path, log: Path, ready_timeout: float = 600, t
     try:
         try:
             a = answer(server.url, workload.test_image(width, height, seed=999), 1, timeout)
+            failure = None if a.sample.tokens == 1 else f"answered {a.sample.tokens} tokens, asked for 1 (ignore_eos)"
         except Exception as e:
+            failure = f"loaded but its one-token answer failed: {type(e).__name__}: {e}"
+        if failure is not None:
+            # A server dying mid-answer breaks the connection, or ends the stream early: which, is a race.
             child = server.child
             if child.proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.proc.wait(timeout=2)  # a connection broken by a dying server: let it finish dying
-            if child.alive():
-                raise SmokeError(f"llama-server loaded but its one-token answer failed: {type(e).__name__}: {e}",
-                                 "answering") from None
-            code = describe_exit(child.exit_code())
-            raise SmokeError(f"llama-server died answering one token ({code}): {child.last_lines()}", "answering",
-                             code) from None
-        if a.sample.tokens != 1:
-            raise SmokeError(f"llama-server answered {a.sample.tokens} tokens, asked for 1 (ignore_eos)", "answering")
+                    child.proc.wait(timeout=2)  # let it finish dying
+            if not child.alive():
+                code = describe_exit(child.exit_code())
+                raise SmokeError(f"llama-server died answering one token ({code}): {child.last_lines()}",
+                                 "answering", code)
+            raise SmokeError(f"llama-server {failure}", "answering")
         return {"ok": True, "load_s": round(server.cold_start_s, 3), "first_token_s": round(a.sample.first_token_s, 3),
                 "prompt_tokens": a.prompt_tokens, "threads": server.n_threads, **kernels(log)}
     finally:
