@@ -53,6 +53,3 @@ class AnswerIds:
                 self._ids.move_to_end(key)
                 return np.concatenate([ids, encode(text[cut:])])
         return encode(text)
-
-    def clear(self) -> None:
-        self._ids.clear()

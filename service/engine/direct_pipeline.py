@@ -167,7 +167,8 @@ class TextOut:
     def __init__(self, decoder: IncrementalDecoder, stop: tuple[str, ...] | list[str], on_text):
         self._decoder, self._stop, self._on_text = decoder, tuple(s for s in stop or () if s), on_text
         self._held = ""  # text that could be the start of a stop string
-        self.sent, self.stopped = "", False
+        self._sent: list[str] = []  # what went out, joined once at the end (not copied per token)
+        self.stopped = False
         self._hold = max((len(s) for s in self._stop), default=1) - 1
 
     def push(self, token: int) -> bool:
@@ -190,9 +191,13 @@ class TextOut:
         self._send(self._held)
         self._held = ""
 
+    @property
+    def sent(self) -> str:
+        return "".join(self._sent)
+
     def _send(self, piece: str) -> None:
         if piece:
-            self.sent += piece
+            self._sent.append(piece)
             self._on_text(piece)
 
 

@@ -84,7 +84,6 @@ def test_a_follow_up_reuses_the_answer_as_it_was_generated(tiny_model):
     assert kept == len(answer.prompt.ids) + len(letters) - 1
 
 
-
 def test_web_ui_session_follow_up_reuses_the_image(direct, tmp_path):
     picture = tmp_path / "picture.png"
     picture.write_bytes(png_bytes((100, 140), (200, 120, 10)))
