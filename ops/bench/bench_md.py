@@ -206,24 +206,31 @@ def tune_section(results: dict, key: str = "tune") -> list[str]:
     tune = results.get(key)
     if not tune:
         return []
-    clients = tune.get("clients") or 1
+    clients, followups = tune.get("clients") or 1, tune.get("followups") or 0
     rows = [[engine + (" (picked)" if engine == tune.get("engine") else ""), c.get("status", ""),
-             num(c.get("score_s")), num(c.get("first_token_s")), num(c.get("ms_per_token"), 1),
-             gb(c.get("peak_rss_bytes")), num(c.get("ready_s"), 1), c.get("reason") or ""]
+             num(c.get("score_s")), num(c.get("first_token_s"))]
+            + ([num(c.get("followup_first_token_s"))] if followups else [])
+            + [num(c.get("ms_per_token"), 1), gb(c.get("peak_rss_bytes")), num(c.get("ready_s"), 1),
+               c.get("reason") or ""]
             for engine, c in (tune.get("candidates") or {}).items()]
-    rows += [[engine, "skipped", "", "", "", "", "", why] for engine, why in (tune.get("skipped") or {}).items()]
+    blank = [""] * (4 + bool(followups))
+    rows += [[engine, "skipped", *blank, why] for engine, why in (tune.get("skipped") or {}).items()]
     if clients == 1:
-        rows += [[name, "same run", num(total), "", "", "", "", "for comparison"]
+        rows += [[name, "same run", num(total), *blank[1:], "for comparison"]
                  for name, total in answer_rivals(results).items() if total is not None]
     command, asked = ("`vlfleet tune`", f"{tune.get('runs')} answers") if clients == 1 else (
         f"`vlfleet tune --clients {clients}`", f"{tune.get('runs')} runs of {clients} answers asked at once")
+    if followups:
+        command += f" --followups {followups}"
+        asked += f", each followed by {followups} follow-up question(s) in its conversation"
     return [f"## The engine {command} picks on this machine ({tune.get('tokens')}-token answers)", "",
             "Each engine started alone and timed by the probe hosts run (the host program's `latency` probe: "
             f"{asked}, a new 416x277 image each), scored and picked by `ops.fleet.tune` (median time to the whole "
             f"answer, within the memory budget: {tune.get('budget')}). Peak RSS: all of the service's processes. "
             f"Picked: **{tune.get('engine')}** ({tune.get('why')}).", "",
-            table(["engine", "status", f"time to {tune.get('tokens')} tokens (s)", "first token (s)", "ms/token",
-                   "peak RSS (GB)", "ready after (s)", "note"], rows), ""]
+            table(["engine", "status", f"time to {tune.get('tokens')} tokens (s)", "first token (s)"]
+                  + (["follow-ups' first token (s)"] if followups else [])
+                  + ["ms/token", "peak RSS (GB)", "ready after (s)", "note"], rows), ""]
 
 
 def compute_section(results: dict) -> list[str]:

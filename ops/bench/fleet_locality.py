@@ -32,6 +32,7 @@ from pathlib import Path
 from ops import machine
 from ops.fleet.inventory import Inventory
 from ops.fleet.prometheus_text import samples
+from ops.host.probe import FOLLOWUP_QUESTIONS
 
 RESULT_VERSION = 1
 COUNTERS = {  # what the hosts' /metrics say was reused or recomputed
@@ -40,7 +41,7 @@ COUNTERS = {  # what the hosts' /metrics say was reused or recomputed
     "answer_cache_hits": "vlfleet_answer_cache_hits_total",
     "session_reuse": "vlfleet_session_reuse_total",
 }
-FOLLOWUPS = ("What colours stand out?", "Is there any text in it?", "Summarise it in one sentence.")
+FOLLOWUPS = FOLLOWUP_QUESTIONS
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ class Plan:
     clients: tuple[int, ...] = (1, 2, 4, 8)
     rounds: int = 2  # requests per client per concurrency level
     tune_clients: int = 4  # tune_load: `vlfleet tune --clients` as a host whose users come together
+    tune_followups: int = 1  # ... each user asking a follow-up about its picture, as chat users do
     out: Path = Path("results")
     engines: tuple[str, ...] = ()  # filled from the service's settings
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vlfleet-bench-")))
@@ -414,7 +415,8 @@ def tune(b: Bench) -> Iterator[dict]:
 
 
 def tune_load(b: Bench) -> Iterator[dict]:
-    yield {"tune_load": tune_engines(b.plan, b.artifact, b.peer_inputs, b.say, clients=b.plan.tune_clients)}
+    yield {"tune_load": tune_engines(b.plan, b.artifact, b.peer_inputs, b.say, clients=b.plan.tune_clients,
+                                     followups=b.plan.tune_followups)}
 
 
 def levers(b: Bench) -> Iterator[dict]:
@@ -609,12 +611,12 @@ def measure_peer(inputs: PeerInputs, plan: Plan, say: Callable[[str], None]) -> 
 
 
 def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Callable[[], PeerInputs] | None,
-                 say: Callable[[str], None], clients: int = 1) -> dict:
-    """`vlfleet tune [--clients N]`'s choice on this machine, made by its own code: the engines it would measure
-    (ops.fleet.tune plan), each started alone and timed by the probe a host runs (the host program's latency probe:
-    ``plan.tokens`` tokens, a new image each answer, ``clients`` answers at once), then scored and picked by the same
-    functions. The peak is the whole process tree's, as a host reads it over the unit's cgroup (a llama-server child
-    included)."""
+                 say: Callable[[str], None], clients: int = 1, followups: int = 0) -> dict:
+    """`vlfleet tune [--clients N] [--followups K]`'s choice on this machine, made by its own code: the engines it
+    would measure (ops.fleet.tune plan), each started alone and timed by the probe a host runs (the host program's
+    latency probe: ``plan.tokens`` tokens, a new image each first question, ``clients`` conversations at once, each
+    with ``followups`` follow-ups), then scored and picked by the same functions. The peak is the whole process
+    tree's, as a host reads it over the unit's cgroup (a llama-server child included)."""
     from dataclasses import asdict
 
     from ops.fleet import tune
@@ -651,16 +653,17 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
         elif engine == "hybrid":
             env = {**env, **hybrid_env(peer)}
         with Server(model, plan.log_dir / f"tune-{engine}.log", env) as s:
-            runs = probe.latency("127.0.0.1", s.port, plan.tokens, plan.runs, 300.0 * clients, clients=clients)
+            runs = probe.latency("127.0.0.1", s.port, plan.tokens, plan.runs, 300.0 * clients, clients=clients,
+                                 followups=followups)
             c = tune.evaluate(engine, runs, plan.tokens, s.peak_rss()["all"], limit, s.cold_start_s)
         candidates.append(c)
-        say(f"tune ({clients} at once): {engine}: {c.score_s} s to a {plan.tokens}-token answer (first token "
-            f"{c.first_token_s} s, "
+        say(f"tune ({clients} at once, {followups} follow-ups): {engine}: {c.score_s} s to a {plan.tokens}-token "
+            f"answer (first token {c.first_token_s} s, follow-ups' {c.followup_first_token_s} s, "
             f"{c.ms_per_token} ms/token), peak RSS {(c.peak_rss_bytes or 0) / 1e9:.2f} GB {c.reason}")
     engine, why = tune.pick(candidates)
     say(f"tune picks {engine}: {why}")
     return {"engine": engine, "why": why, "tokens": plan.tokens, "runs": plan.runs, "clients": clients,
-            "budget": limit_source,
+            "followups": followups, "budget": limit_source,
             "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in candidates},
             "skipped": skipped}
 

@@ -42,6 +42,7 @@ class Options:
     tokens: int = 128
     runs: int = 3
     clients: int = 1  # answers asked at once in each run: the traffic the host should be chosen for
+    followups: int = 0  # follow-up questions after each first one, in its conversation (the probe's FOLLOWUP_QUESTIONS)
     probe_timeout: float = 300.0  # one answer
     parallel: int = 4
     out: Path | None = None  # directory for tune-<host>.json (default: $VLFLEET_CACHE/reports)
@@ -56,6 +57,7 @@ class Candidate:
     score_s: float | None = None  # median time to the complete answer
     first_token_s: float | None = None  # medians over the runs
     ms_per_token: float | None = None
+    followup_first_token_s: float | None = None  # the median of the follow-ups' (with Options.followups)
     peak_rss_bytes: int | None = None
     ready_s: float | None = None
     totals_s: list[float] = field(default_factory=list)  # each run's time to the complete answer
@@ -143,8 +145,9 @@ def budget(info: dict) -> tuple[int | None, str]:
 
 
 def score(runs: Sequence[dict], tokens: int) -> tuple[float | None, str]:
-    """The median time to a complete answer of ``tokens`` tokens over ``runs`` (the latency probe's rows); None
-    and the reason when any run did not give one (an engine that fails some answers is not a candidate)."""
+    """The median time to a complete answer of ``tokens`` tokens over ``runs`` (the latency probe's rows: first
+    questions and follow-ups alike, as the users asked them); None and the reason when any run did not give one (an
+    engine that fails some answers is not a candidate)."""
     if not runs:
         return None, "no answer was timed"
     bad = [r for r in runs if r.get("error") or r.get("tokens") != tokens or r.get("total_s") is None]
@@ -163,8 +166,10 @@ def evaluate(engine: str, runs: Sequence[dict], tokens: int, peak_rss: int | Non
              ready_s: float | None = None) -> Candidate:
     """One engine's measurements -> its candidate: scored, over the budget, or failed."""
     value, why = score(runs, tokens)
-    c = Candidate(engine, OK, value, _median(r.get("first_token_s") for r in runs),
-                  _median(r.get("ms_per_token") for r in runs), peak_rss, ready_s,
+    firsts = [r for r in runs if not r.get("turn")]  # rows without a turn: a probe from before follow-ups
+    c = Candidate(engine, OK, value, _median(r.get("first_token_s") for r in firsts),
+                  _median(r.get("ms_per_token") for r in runs),
+                  _median(r.get("first_token_s") for r in runs if r.get("turn")), peak_rss, ready_s,
                   [r["total_s"] for r in runs if r.get("total_s") is not None])
     if value is None:
         c.status, c.reason = FAILED, why
@@ -198,6 +203,7 @@ def record(result: HostTune, pinned: bool, opts: Options, limit: tuple[int | Non
     return {
         "version": RECORD_VERSION, "host": result.host, "engine": result.engine, "why": result.message,
         "pinned": pinned, "tokens": opts.tokens, "runs": opts.runs, "clients": opts.clients,
+        "followups": opts.followups,
         "candidates": {c.engine: {k: v for k, v in asdict(c).items() if k != "engine"} for c in result.candidates},
         "skipped": dict(result.skipped),
         "budget_bytes": limit[0], "budget": limit[1],
@@ -211,8 +217,10 @@ def describe_candidate(c: Candidate, opts: Options) -> str:
         return f"{c.engine}: failed: {c.reason}"
     rss = f"{c.peak_rss_bytes // MiB} MiB" if c.peak_rss_bytes is not None else "unknown"
     asked = f"{opts.runs} x {opts.clients} at once x" if opts.clients > 1 else f"{opts.runs} x"
-    line = (f"{c.engine}: ready in {c.ready_s} s; {asked} {opts.tokens} tokens: {c.score_s} s to the whole answer "
-            f"(first token {c.first_token_s} s, {c.ms_per_token} ms/token), peak RSS {rss}")
+    turns = f" + {opts.followups} follow-up(s) each" if opts.followups else ""
+    followup = f", follow-ups' first token {c.followup_first_token_s} s" if opts.followups else ""
+    line = (f"{c.engine}: ready in {c.ready_s} s; {asked} {opts.tokens} tokens{turns}: {c.score_s} s to the whole "
+            f"answer (first token {c.first_token_s} s{followup}, {c.ms_per_token} ms/token), peak RSS {rss}")
     return line + (f"; {c.reason}" if c.status == OVER_BUDGET else "")
 
 
@@ -229,10 +237,12 @@ def _measure(fleet: Fleet, name: str, opts: Options, engine: str, env: dict, lim
         return Candidate(engine, FAILED, reason=started["reason"] + journal_hint(started.get("journal")))
     addr, port = service_address(env)
     n = opts.clients
+    turns = 1 + opts.followups
     # one answer may wait for the n - 1 asked with it: each gets n times the bound of a lone one; the keys file is
-    # read on the host: keys never leave it
+    # read on the host: keys never leave it; "" is the probe's default image
     runs = fleet.latency(name, addr, port, opts.tokens, opts.runs, opts.probe_timeout * n,
-                         env.get("VLFLEET_API_KEYS_FILE", ""), n, timeout=opts.probe_timeout * n * opts.runs + 60)
+                         env.get("VLFLEET_API_KEYS_FILE", ""), n, "", opts.followups,
+                         timeout=opts.probe_timeout * n * turns * opts.runs + 60)
     mem = fleet.service_step(name, "peak", {})
     return evaluate(engine, runs, opts.tokens, mem.get("peak_rss_bytes"), limit, started.get("ready_s"))
 

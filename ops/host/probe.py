@@ -7,6 +7,7 @@ service host: one command each, one JSON document printed, arguments by position
     <root>/current/venv/bin/python vlfleet-host.pyz readyz URL
     <root>/current/venv/bin/python vlfleet-host.pyz stream HOST PORT MODEL FIRST_TOKEN_S TOTAL_S [API_KEYS_FILE]
     <root>/current/venv/bin/python vlfleet-host.pyz latency HOST PORT TOKENS RUNS TIMEOUT_S [API_KEYS_FILE] [CLIENTS]
+        [WIDTHxHEIGHT] [FOLLOWUPS]
 
 `snapshot` and `facts` work where no release exists yet (they are how the checklist finds the venv), so they run on
 the distribution's python3; runtime-versions runs on the release venv's, whose packages it imports. Requests go to
@@ -32,6 +33,9 @@ from .layout import parse_env
 RUNTIME_DISTS = (("openvino", "openvino"), ("openvino-genai", "openvino_genai"),
                  ("openvino-tokenizers", "openvino_tokenizers"))
 LATENCY_IMAGE = (416, 277)  # a typical photo's budget after downscaling: image tokens dominate the first token
+LATENCY_QUESTION = "Describe this picture."
+# a chat user's next questions about the same picture (the latency probe's and the fleet locality bench's)
+FOLLOWUP_QUESTIONS = ("What colours stand out?", "Is there any text in it?", "Summarise it in one sentence.")
 UNIT_PROPERTIES = "ActiveState,SubState,Result,UnitFileState,MainPID,Restart,RestartUSec,LimitNOFILE,DropInPaths," \
                   "NRestarts"
 
@@ -182,8 +186,16 @@ def _rounded(seconds: float | None, digits: int) -> float | None:
 
 
 def _ask(host: str, port: int, key: str | None, image: bytes, question: str, timeout: float, bound: float,
-         **body: Any) -> client.Answer:
-    messages = [client.user_turn(client.data_url(image), question)]
+         earlier: tuple[tuple[str, str], ...] = (), **body: Any) -> client.Answer:
+    """Ask ``question`` about ``image``; with ``earlier`` (question, answer) turns, ``question`` follows them in the
+    same conversation, the image in its first turn, as a chat client re-sends its history."""
+    turns = [*earlier, (question, None)]
+    messages: list[dict] = []
+    for n, (asked, answered) in enumerate(turns):
+        messages.append(client.user_turn(client.data_url(image), asked) if n == 0 else
+                        {"role": "user", "content": asked})
+        if answered is not None:
+            messages.append({"role": "assistant", "content": answered})
     return client.chat(client.base_url(host, port), {"stream": True, "temperature": 0, **body, "messages": messages},
                        timeout, bound, key)
 
@@ -205,32 +217,50 @@ def stream(host: str, port: int, model: str, first_token_s: float, total_s: floa
 
 
 def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_file: str = "",
-            clients: int = 1, image: tuple[int, int] = LATENCY_IMAGE) -> list[dict[str, Any]]:
+            clients: int = 1, image: tuple[int, int] = LATENCY_IMAGE, followups: int = 0) -> list[dict[str, Any]]:
     """``runs`` streamed answers of exactly ``tokens`` tokens, one after another, each about a new image of a
     typical size: first token, ms per token and the time to the whole answer. A new image each time, because an
     engine that keeps encoded images (or their KV) would otherwise time its cache, not a typical first question.
     With ``clients`` > 1 each run is that many answers asked at once, as that many users would; every answer is a
-    row. With ``keys_file`` (read as root on the host), the first key goes with each request. ``image`` is the
-    pictures' width and height."""
+    row. With ``followups`` each first question is a conversation's start: that many follow-up questions about the
+    same image come after it, each re-sending the turns before it (answers included) as a chat client does, each a
+    row of its own (``turn`` 1, 2, ...), so an engine that keeps a conversation's image and KV is timed doing so.
+    With ``keys_file`` (read as root on the host), the first key goes with each request. ``image`` is the pictures'
+    width and height."""
     key = client.first_key(keys_file)
 
-    def one(i: int) -> dict[str, Any]:
+    def answer(i: int, question: str, earlier: tuple[tuple[str, str], ...]) -> tuple[dict[str, Any], str]:
         picture = png.solid(*image, (40 + (7 * i) % 200, 120, 200))
         try:
-            # a nonce in each prompt: the service replays identical deterministic requests from its answer cache
-            a = _ask(host, port, key, picture, f"Describe this picture. (probe {i} {time.time():.6f})", bound, bound,
-                     max_tokens=tokens, ignore_eos=True, stream_options={"include_usage": True})
+            a = _ask(host, port, key, picture, question, bound, bound, earlier, max_tokens=tokens, ignore_eos=True,
+                     stream_options={"include_usage": True})
         except Exception as e:  # one run's error is its row
             a = client.Answer(error=client.describe(e))
-        row = {**_row(a, 4), "tokens": a.tokens or 0, "ms_per_token": None}
+        row = {**_row(a, 4), "tokens": a.tokens or 0, "ms_per_token": None, "turn": len(earlier),
+               "prompt_tokens": a.usage.get("prompt_tokens")}
         if a.first_token_s is not None and row["tokens"] > 1:
             row["ms_per_token"] = round(1000 * (a.last_token_s - a.first_token_s) / (row["tokens"] - 1), 2)
-        return row
+        return row, a.text
+
+    def conversation(i: int) -> list[dict[str, Any]]:
+        # a nonce in the first prompt: the service replays identical deterministic requests from its answer cache
+        # (a follow-up's history holds it, so follow-ups need none)
+        questions = (f"{LATENCY_QUESTION} (probe {i} {time.time():.6f})", *FOLLOWUP_QUESTIONS[:followups])
+        rows: list[dict[str, Any]] = []
+        earlier: tuple[tuple[str, str], ...] = ()
+        for question in questions:
+            row, text = answer(i, question, earlier)
+            rows.append(row)
+            if row["error"]:  # a conversation whose answer failed has nothing to follow up on
+                break
+            earlier += ((question, text),)
+        return rows
 
     if clients <= 1:
-        return [one(i) for i in range(runs)]
+        return [row for i in range(runs) for row in conversation(i)]
     with ThreadPoolExecutor(clients) as pool:
-        return [row for r in range(runs) for row in pool.map(one, range(r * clients, (r + 1) * clients))]
+        return [row for r in range(runs) for rows in pool.map(conversation, range(r * clients, (r + 1) * clients))
+                for row in rows]
 
 
 def image_size(text: str) -> tuple[int, int]:
@@ -252,7 +282,7 @@ COMMANDS = {
     "readyz": lambda a: client.readyz(a[0]),
     "stream": lambda a: stream(a[0], int(a[1]), a[2], float(a[3]), float(a[4]), _optional(a, 5)),
     "latency": lambda a: latency(a[0], int(a[1]), int(a[2]), int(a[3]), float(a[4]), _optional(a, 5),
-                                 int(_optional(a, 6) or 1), image_size(_optional(a, 7))),
+                                 int(_optional(a, 6) or 1), image_size(_optional(a, 7)), int(_optional(a, 8) or 0)),
     "snapshot": lambda a: snapshot(a[0], a[1]),
     "facts": lambda a: facts(a[0]),
 }

@@ -140,6 +140,9 @@ def status_(c, inventory="inventory.yml", only=None, json_=False):
     "runs": "timed answers per engine; the score is their median time to the whole answer (default 3)",
     "clients": "answers asked at once in each run, as the host's users would (default 1); with more than one, the "
                "batching engine is a candidate too and the score is the median answer's time under that load",
+    "followups": "follow-up questions about the same picture after each first one, in its conversation (0-3, "
+                 "default 0), as chat users ask them: the score then counts those answers too, so an engine that "
+                 "keeps a conversation's image and KV is timed doing so",
     "engines": f"candidate engines, comma-separated (default: {','.join(ENGINES)} with batching skipped for one "
                "client and llamacpp only where the host has a llama-server and a GGUF artifact)",
     "engine": "pin this engine on every host: only start, verify and record it (a host's `vlfleet_engine` "
@@ -150,22 +153,26 @@ def status_(c, inventory="inventory.yml", only=None, json_=False):
     "probe_timeout": "seconds one timed answer may take (default 300)",
     "yes": COMMON_HELP["yes"],
 })
-def tune(c, inventory="inventory.yml", limit=None, tokens=128, runs=3, clients=1, engines=None, engine=None, out=None,
-         parallel=4, ready_timeout=600, probe_timeout=300, yes=False):
+def tune(c, inventory="inventory.yml", limit=None, tokens=128, runs=3, clients=1, followups=0, engines=None,
+         engine=None, out=None, parallel=4, ready_timeout=600, probe_timeout=300, yes=False):
     """Measure each engine on each host, run the fastest within the memory budget, record the choice."""
     from ops.fleet import FleetError, status, status_table
     from ops.fleet import tune as tuning
+    from ops.host.probe import FOLLOWUP_QUESTIONS
 
     try:
         opts = tuning.Options(engines=tuning.parse_engines(engines), engine=engine or None, tokens=int(tokens),
-                              runs=int(runs), clients=int(clients), probe_timeout=float(probe_timeout),
-                              parallel=int(parallel), out=Path(out).expanduser() if out else None)
+                              runs=int(runs), clients=int(clients), followups=int(followups),
+                              probe_timeout=float(probe_timeout), parallel=int(parallel),
+                              out=Path(out).expanduser() if out else None)
         if opts.engine:
             tuning.parse_engines(opts.engine)
     except (FleetError, ValueError) as e:
         raise Exit(f"vlfleet tune: {e}") from e
-    if opts.tokens < 2 or opts.runs < 1 or not 1 <= opts.clients <= 64:
-        raise Exit("vlfleet tune: --tokens must be >= 2, --runs >= 1 and --clients 1-64")
+    if opts.tokens < 2 or opts.runs < 1 or not 1 <= opts.clients <= 64 or \
+            not 0 <= opts.followups <= len(FOLLOWUP_QUESTIONS):
+        raise Exit(f"vlfleet tune: --tokens must be >= 2, --runs >= 1, --clients 1-64 and --followups "
+                   f"0-{len(FOLLOWUP_QUESTIONS)}")
     with _open_fleet(inventory, limit, ready_timeout=ready_timeout) as fleet:
         print(status_table(status(fleet)))
         print(f"\ntune {', '.join(h.name for h in fleet.hosts)}: each host leaves nginx and restarts once per engine")

@@ -11,6 +11,8 @@ from ops.fleet import host_program
 from ops.report import summarize_probe
 from tests.servers import free_port
 
+RUNS, REUSED = "vlfleet_vision_encoder_runs_total", "vlfleet_reused_prompt_tokens_total"
+
 
 def run(command: str, *args: object, timeout: float = 300):
     done = subprocess.run([sys.executable, str(host_program.build().path), command, *(str(a) for a in args)],
@@ -39,6 +41,22 @@ def test_latency_with_clients_asks_that_many_at_once(service):
     # first answer ended; asked one after another, every first token would come before any answer ended.
     for batch in (runs[:3], runs[3:]):
         assert max(r["first_token_s"] for r in batch) >= min(r["total_s"] for r in batch), batch
+
+
+def test_latency_with_followups_continues_each_conversation(service):
+    # Two conversations at once, each a first question and a follow-up that re-sends it (image and answer): the
+    # direct engine encodes each picture once (a size no other test asks about: its encoded pictures are kept).
+    runs_before = service.metric(RUNS)
+    runs = run("latency", "127.0.0.1", service.port, 8, 1, 120, "", 2, "40x36", 1)
+    assert [r["turn"] for r in runs] == [0, 1, 0, 1], runs
+    assert all(r["status"] == 200 and r["tokens"] == 8 for r in runs), runs
+    assert service.metric(RUNS) - runs_before == 2
+    # Alone, a follow-up finds its conversation's KV: the first turn's prompt and its answer as generated (all but
+    # the last token, which was never fed back) are reused.
+    reused_before = service.metric(REUSED)
+    first, followup = run("latency", "127.0.0.1", service.port, 8, 1, 120, "", 1, "40x36", 1)
+    assert followup["turn"] == 1 and followup["prompt_tokens"] > first["prompt_tokens"] + 8, (first, followup)
+    assert service.metric(REUSED) - reused_before >= first["prompt_tokens"] + 8 - 1
 
 
 def test_latency_refuses_a_bad_pictures_size():

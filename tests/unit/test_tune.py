@@ -102,6 +102,15 @@ def test_score_is_the_median_time_to_the_whole_answer():
     assert t.score([], 16) == (None, "no answer was timed")
 
 
+def test_follow_ups_count_in_the_score_and_their_first_token_apart():
+    rows = [{**_run(3.0, first=2.0), "turn": 0}, {**_run(1.0, first=0.2), "turn": 1},
+            {**_run(3.2, first=2.2), "turn": 0}, {**_run(1.2, first=0.4), "turn": 1}]
+    c = t.evaluate("paged", rows, 16, None, None)
+    assert c.score_s == 2.1  # the median of all four answers, follow-ups included
+    assert (c.first_token_s, c.followup_first_token_s) == (2.1, 0.3)
+    assert t.evaluate("paged", rows[::2], 16, None, None).followup_first_token_s is None
+
+
 def test_an_engine_over_the_budget_loses_to_a_slower_one_within_it():
     fast = t.evaluate("direct", [_run(1.0), _run(1.2)], 16, 900 * MiB, 800 * MiB, 3.0)
     slow = t.evaluate("serial", [_run(2.0), _run(2.2)], 16, 500 * MiB, 800 * MiB, 3.0)
@@ -144,7 +153,7 @@ def test_record_names_the_choice_every_score_the_skips_and_the_cpu():
     assert json.loads(json.dumps(rec)) == rec
     assert (rec["engine"], rec["tokens"], rec["runs"], rec["pinned"], rec["version"]) == ("direct", 16, 2, False, 1)
     assert rec["candidates"]["serial"] == {"status": "ok", "score_s": 2.2, "first_token_s": 0.5, "ms_per_token": 40.0,
-                                           "peak_rss_bytes": 300 * MiB, "ready_s": 4.2, "totals_s": [2.0, 2.4],
+                                           "followup_first_token_s": None, "peak_rss_bytes": 300 * MiB, "ready_s": 4.2, "totals_s": [2.0, 2.4],
                                            "reason": ""}
     assert rec["candidates"]["direct"]["score_s"] == 1.2 and rec["skipped"] == {"batching": "why not"}
     assert rec["cpu"]["model"] == "Xeon" and {"avx2", "avx512f", "avx512_vnni"} <= set(rec["cpu"]["isa"])
@@ -290,11 +299,13 @@ def test_clients_make_batching_a_candidate_and_reach_the_probe_with_a_bound_for_
     hostvars = {h: {"ansible_host": ADDR[h], "ansible_user": "deploy"} for h in ("h1", "lb1")}
     inv = parse_inventory_json({"_meta": {"hostvars": hostvars}, "vlm": {"hosts": ["h1"]}, "lb": {"hosts": ["lb1"]}})
     lines: list[str] = []
-    opts = t.Options(engines=("batching",), tokens=8, runs=1, clients=3, probe_timeout=100, parallel=1, out=tmp_path)
+    opts = t.Options(engines=("batching",), tokens=8, runs=1, clients=3, followups=1, probe_timeout=100, parallel=1,
+                     out=tmp_path)
     with Fleet(inv, timeouts=Timeouts(drain=5, ready=30), echo=None, ship=False) as fleet:
         (result,) = t.tune(fleet, opts, echo=lines.append)
-    assert result.ok and result.record["clients"] == 3
+    assert result.ok and (result.record["clients"], result.record["followups"]) == (3, 1)
     latency = next(cmd for ch in h1.channels if ".pyz latency " in (cmd := ch.exec_command.call_args[0][0]))
-    # each of the 3 answers asked at once may wait for the other two: 3 x the bound of a lone answer
-    assert latency.endswith(" 8 1 300 '' 3"), latency
-    assert any("1 x 3 at once x 8 tokens" in line for line in lines), lines
+    # each of the 3 answers asked at once may wait for the other two: 3 x the bound of a lone answer; the probe's
+    # default picture ('') and one follow-up per conversation
+    assert latency.endswith(" 8 1 300 '' 3 '' 1"), latency
+    assert any("1 x 3 at once x 8 tokens + 1 follow-up(s) each" in line for line in lines), lines
