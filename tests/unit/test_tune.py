@@ -153,8 +153,8 @@ def test_record_names_the_choice_every_score_the_skips_and_the_cpu():
     assert json.loads(json.dumps(rec)) == rec
     assert (rec["engine"], rec["tokens"], rec["runs"], rec["pinned"], rec["version"]) == ("direct", 16, 2, False, 1)
     assert rec["candidates"]["serial"] == {"status": "ok", "score_s": 2.2, "first_token_s": 0.5, "ms_per_token": 40.0,
-                                           "followup_first_token_s": None, "peak_rss_bytes": 300 * MiB, "ready_s": 4.2, "totals_s": [2.0, 2.4],
-                                           "reason": ""}
+                                           "followup_first_token_s": None, "peak_rss_bytes": 300 * MiB,
+                                           "ready_s": 4.2, "totals_s": [2.0, 2.4], "reason": ""}
     assert rec["candidates"]["direct"]["score_s"] == 1.2 and rec["skipped"] == {"batching": "why not"}
     assert rec["cpu"]["model"] == "Xeon" and {"avx2", "avx512f", "avx512_vnni"} <= set(rec["cpu"]["isa"])
     assert (rec["time"], rec["seconds"], rec["release"]) == ("2026-01-02T03:04:05+00:00", 61.2, "r1")
