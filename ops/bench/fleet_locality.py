@@ -41,8 +41,6 @@ COUNTERS = {  # what the hosts' /metrics say was reused or recomputed
     "answer_cache_hits": "vlfleet_answer_cache_hits_total",
     "session_reuse": "vlfleet_session_reuse_total",
 }
-FOLLOWUPS = FOLLOWUP_QUESTIONS
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -152,7 +150,7 @@ def conversation(client: Client, run_id: str, index: int, kind: str, record: Cal
     history = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                             {"type": "text", "text": first}]}]
     state: dict = {}  # the web UI's session id and affinity key
-    for n, question in enumerate((first, *FOLLOWUPS[:client.plan.followups])):
+    for n, question in enumerate((first, *FOLLOWUP_QUESTIONS[:client.plan.followups])):
         turn = Turn(index, kind, n)
         try:
             if kind == "webui":

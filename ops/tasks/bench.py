@@ -108,6 +108,7 @@ def locality(c, inventory="inventory.yml", label="affinity-on", conversations=12
     """Cache locality through the lb: which host answered each turn, follow-up first token, encoder runs, cache hits."""
     from ops.bench import fleet_locality
     from ops.fleet import FleetError, load_inventory
+    from ops.host.probe import FOLLOWUP_QUESTIONS
 
     try:
         inv = load_inventory(Path(inventory))
@@ -115,8 +116,8 @@ def locality(c, inventory="inventory.yml", label="affinity-on", conversations=12
         raise Exit(f"vlfleet bench.locality: {e}") from e
     plan = fleet_locality.Plan(conversations=int(conversations), clients=int(clients), followups=int(followups),
                                tokens=int(tokens))
-    if plan.conversations < 1 or plan.clients < 1 or not 0 <= plan.followups <= len(fleet_locality.FOLLOWUPS):
-        raise Exit(f"--conversations and --clients must be >= 1, --followups 0-{len(fleet_locality.FOLLOWUPS)}")
+    if plan.conversations < 1 or plan.clients < 1 or not 0 <= plan.followups <= len(FOLLOWUP_QUESTIONS):
+        raise Exit(f"--conversations and --clients must be >= 1, --followups 0-{len(FOLLOWUP_QUESTIONS)}")
     try:
         result = fleet_locality.run(inv, plan, label)
     except (ValueError, OSError) as e:
