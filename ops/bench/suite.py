@@ -20,6 +20,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator, Set
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -494,8 +495,18 @@ def _recorded(name: str, b: Bench) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        b.results["errors"][name] = f"{type(e).__name__}: {e}"[:500]
+        b.results["errors"][name] = f"{type(e).__name__}: {e}"[:400] + raised_at(e)
         b.say(f"{name} FAILED: {b.results['errors'][name]}")
+
+
+def raised_at(e: BaseException) -> str:
+    """`` (at file:line in function)`` of the frame that raised ``e``: a bare "TimeoutError: timed out" names no
+    culprit, and the run goes on past it."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
 
 
 def run(plan: Plan, artifact: Callable[[str], Path], checkpoint: Callable[[], Path],
@@ -657,9 +668,10 @@ def tune_engines(plan: Plan, artifact: Callable[[str], Path], peer_inputs: Calla
                                  followups=followups)
             c = tune.evaluate(engine, runs, plan.tokens, s.peak_rss()["all"], limit, s.cold_start_s)
         candidates.append(c)
+        followup = f", follow-ups' {c.followup_first_token_s} s" if followups else ""
         say(f"tune ({clients} at once, {followups} follow-ups): {engine}: {c.score_s} s to a {plan.tokens}-token "
-            f"answer (first token {c.first_token_s} s, follow-ups' {c.followup_first_token_s} s, "
-            f"{c.ms_per_token} ms/token), peak RSS {(c.peak_rss_bytes or 0) / 1e9:.2f} GB {c.reason}")
+            f"answer (first token {c.first_token_s} s{followup}, {c.ms_per_token} ms/token), peak RSS "
+            f"{(c.peak_rss_bytes or 0) / 1e9:.2f} GB {c.reason}")
     engine, why = tune.pick(candidates)
     say(f"tune picks {engine}: {why}")
     return {"engine": engine, "why": why, "tokens": plan.tokens, "runs": plan.runs, "clients": clients,

@@ -106,8 +106,9 @@ def _tune_under_load(runs: list[tuple[str, dict]]) -> list[str]:
         return []
     path, r = found
     load = r["tune_load"]
-    return [f"`vlfleet tune --clients {load.get('clients')}` picks **{load.get('engine')}** on the CPU of "
-            f"[{path}](../{path}) ({load.get('why')}): tune a host whose users come together with that option.", ""]
+    option = f"--clients {load.get('clients')}" + (f" --followups {load['followups']}" if load.get("followups") else "")
+    return [f"`vlfleet tune {option}` picks **{load.get('engine')}** on the CPU of [{path}](../{path}) "
+            f"({load.get('why')}): tune a host whose users come together with that option.", ""]
 
 
 def images_section(runs: list[tuple[str, dict]]) -> list[str]:
