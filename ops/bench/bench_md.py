@@ -218,11 +218,12 @@ def tune_section(results: dict, key: str = "tune") -> list[str]:
     if clients == 1:
         rows += [[name, "same run", num(total), *blank[1:], "for comparison"]
                  for name, total in answer_rivals(results).items() if total is not None]
-    command, asked = ("`vlfleet tune`", f"{tune.get('runs')} answers") if clients == 1 else (
-        f"`vlfleet tune --clients {clients}`", f"{tune.get('runs')} runs of {clients} answers asked at once")
+    command, asked = ("vlfleet tune", f"{tune.get('runs')} answers") if clients == 1 else (
+        f"vlfleet tune --clients {clients}", f"{tune.get('runs')} runs of {clients} answers asked at once")
     if followups:
         command += f" --followups {followups}"
         asked += f", each followed by {followups} follow-up question(s) in its conversation"
+    command = f"`{command}`"
     return [f"## The engine {command} picks on this machine ({tune.get('tokens')}-token answers)", "",
             "Each engine started alone and timed by the probe hosts run (the host program's `latency` probe: "
             f"{asked}, a new 416x277 image each), scored and picked by `ops.fleet.tune` (median time to the whole "

@@ -93,8 +93,12 @@ def concurrency_section(runs: list[tuple[str, dict]]) -> list[str]:
                          str(lv["errors"])])
             if lv["clients"] == 4:
                 at4.append((engine, -lv["tokens_per_s"]))
+    # an engine whose section failed in that run is missing from the table: say so, or "most" reads as "of all"
+    failed = [f"{key.removeprefix('engine ')} ({why})" for key, why in (r.get("errors") or {}).items()
+              if key.startswith("engine ")]
+    missing = [f"Not measured in this run: {', '.join(failed)}.", ""] if failed else []
     return ["### Engine under concurrent traffic", "", _source(path, r), "",
-            table(["engine", "clients", "output tokens/s", "p95 first token (s)", "errors"], rows), "",
+            table(["engine", "clients", "output tokens/s", "p95 first token (s)", "errors"], rows), "", *missing,
             f"Most output tokens/s at 4 clients: **{_fastest(at4)}**. On a host that mostly answers one user at a "
             "time, the table above decides.", "", *_tune_under_load(runs)]
 

@@ -55,3 +55,16 @@ def test_a_lever_must_beat_the_defaults_measured_at_both_ends(tmp_path):
     assert "No lever beat the defaults" in md
     assert "| KV cache | VLFLEET_KV_PRECISION=f16 | 1.60 | 1.00x |" in md
     assert "| dynamic quantisation | VLFLEET_DQ_GROUP_SIZE=32 | 2.00 | 1.25x |" in md
+
+
+def test_concurrency_names_the_engines_its_run_could_not_measure(tmp_path):
+    results = tmp_path / "results"
+    level = {"clients": 4, "tokens_per_s": 20.0, "first_token_p95_s": 6.0, "errors": 0}
+    write(results, "run", "2026-11-02 10:00", AVX512, concurrency={"paged": [level]},
+          errors={"engine batching": "TimeoutError: timed out", "peer": "no build"},
+          tune_load={"engine": "paged", "why": "fastest", "clients": 4, "followups": 1})
+    md = render(results)
+    assert "Not measured in this run: batching (TimeoutError: timed out)." in md and "no build" not in md
+    assert "`vlfleet tune --clients 4 --followups 1` picks **paged**" in md
+    write(results, "later", "2026-11-03 10:00", AVX512, concurrency={"paged": [level]})
+    assert "Not measured in this run" not in render(results)
