@@ -212,9 +212,18 @@ def get(url: str, timeout: float = 10, key: str | None = None) -> tuple[int, byt
         with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        return e.code, _error_body(e)
     except (OSError, http.client.HTTPException):
         return 0, b""
+
+
+def _error_body(e: urllib.error.HTTPError) -> bytes:
+    """An error answer's body; b"" when only its status came in time (a service busy loading its model can send
+    the headers of a 503 and the body seconds later): the status is the answer, not a timeout raised past it."""
+    try:
+        return e.read()
+    except (OSError, http.client.HTTPException):
+        return b""
 
 
 def readyz(url: str, timeout: float = 15) -> dict[str, Any]:
@@ -223,7 +232,7 @@ def readyz(url: str, timeout: float = 15) -> dict[str, Any]:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return {"status": r.status, "body": json.loads(r.read() or b"null"), "error": None}
     except urllib.error.HTTPError as e:
-        raw = e.read()
+        raw = _error_body(e)
         try:
             body = json.loads(raw)
         except ValueError:

@@ -4,6 +4,7 @@ runs it against the real service."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -37,6 +38,15 @@ class _SSE(BaseHTTPRequestHandler):
             self.wfile.flush()
 
     def do_GET(self):
+        if self.path.startswith("/slow-body/"):  # a 503's headers now, its body after the client's read timeout
+            self.send_response(503)
+            self.send_header("Content-Length", "40")
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(1.0)
+            with contextlib.suppress(OSError):  # the client may have gone
+                self.wfile.write(b"{}".ljust(40))
+            return
         self._json(READYZ["status"], json.dumps(READYZ["body"]).encode())
 
     def _json(self, status: int, body: bytes):
@@ -133,3 +143,13 @@ def test_wait_ready_stops_at_once_when_the_engine_gave_up(sse_server, monkeypatc
 def test_wait_ready_stops_when_the_server_is_gone(sse_server):
     with pytest.raises(client.NotReady, match="exited"):
         client.wait_ready(f"http://127.0.0.1:{sse_server}", timeout=60, alive=lambda: "the service exited")
+
+
+def test_a_status_whose_body_is_late_is_still_the_answer(sse_server):
+    # A service compiling its model sent a 503's headers and its body only later: /readyz is "not ready yet", and a
+    # wait goes on until its own bound (run24's bench lost a section to the TimeoutError this raised).
+    url = f"http://127.0.0.1:{sse_server}/slow-body"
+    assert client.readyz(url + "/readyz", timeout=0.3) == {"status": 503, "body": "", "error": None}
+    assert client.get(url + "/metrics", timeout=0.3) == (503, b"")
+    with pytest.raises(client.NotReady, match=r"not ready after 1 s \(last /readyz: HTTP 503"):
+        client.wait_ready(url, timeout=1, interval=0.1)
