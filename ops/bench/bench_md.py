@@ -207,13 +207,16 @@ def tune_section(results: dict, key: str = "tune") -> list[str]:
     if not tune:
         return []
     clients, followups = tune.get("clients") or 1, tune.get("followups") or 0
+    header = (["engine", "status", f"time to {tune.get('tokens')} tokens (s)", "first token (s)"]
+              + (["follow-ups' first token (s)"] if followups else [])
+              + ["ms/token", "peak RSS (GB)", "ready after (s)", "note"])
     rows = [[engine + (" (picked)" if engine == tune.get("engine") else ""), c.get("status", ""),
              num(c.get("score_s")), num(c.get("first_token_s"))]
             + ([num(c.get("followup_first_token_s"))] if followups else [])
             + [num(c.get("ms_per_token"), 1), gb(c.get("peak_rss_bytes")), num(c.get("ready_s"), 1),
                c.get("reason") or ""]
             for engine, c in (tune.get("candidates") or {}).items()]
-    blank = [""] * (4 + bool(followups))
+    blank = [""] * (len(header) - 3)  # every measured column: a row that was not measured leaves them empty
     rows += [[engine, "skipped", *blank, why] for engine, why in (tune.get("skipped") or {}).items()]
     if clients == 1:
         rows += [[name, "same run", num(total), *blank[1:], "for comparison"]
@@ -223,15 +226,11 @@ def tune_section(results: dict, key: str = "tune") -> list[str]:
     if followups:
         command += f" --followups {followups}"
         asked += f", each followed by {followups} follow-up question(s) in its conversation"
-    command = f"`{command}`"
-    return [f"## The engine {command} picks on this machine ({tune.get('tokens')}-token answers)", "",
+    return [f"## The engine `{command}` picks on this machine ({tune.get('tokens')}-token answers)", "",
             "Each engine started alone and timed by the probe hosts run (the host program's `latency` probe: "
             f"{asked}, a new 416x277 image each), scored and picked by `ops.fleet.tune` (median time to the whole "
             f"answer, within the memory budget: {tune.get('budget')}). Peak RSS: all of the service's processes. "
-            f"Picked: **{tune.get('engine')}** ({tune.get('why')}).", "",
-            table(["engine", "status", f"time to {tune.get('tokens')} tokens (s)", "first token (s)"]
-                  + (["follow-ups' first token (s)"] if followups else [])
-                  + ["ms/token", "peak RSS (GB)", "ready after (s)", "note"], rows), ""]
+            f"Picked: **{tune.get('engine')}** ({tune.get('why')}).", "", table(header, rows), ""]
 
 
 def compute_section(results: dict) -> list[str]:

@@ -286,6 +286,18 @@ def test_the_report_shows_tunes_pick_under_concurrent_clients_apart_from_single_
     assert by_id(evaluate(r))["tune-answer"].measured == pytest.approx(5.0 / 6.0)  # targets use the one-client tune
 
 
+def test_every_row_of_the_tune_tables_has_the_headers_columns():
+    r = with_tune(results())
+    candidates = {e: {**c, "followup_first_token_s": 0.3} for e, c in r["tune"]["candidates"].items()}
+    r["tune_load"] = {**r["tune"], "clients": 4, "followups": 1, "candidates": candidates}
+    md = render(r)
+    for heading in ("`vlfleet tune` picks", "`vlfleet tune --clients 4 --followups 1` picks"):
+        section = md.split(heading)[1].split("\n## ")[0]
+        lines = [line for line in section.splitlines() if line.startswith("|")]
+        assert len(lines) > 3 and {line.count("|") for line in lines} == {lines[0].count("|")}, lines
+    assert "| follow-ups' first token (s) |" in md and "| batching | skipped |" in md
+
+
 def test_the_throughput_target_names_the_ceiling_the_machine_allows():
     # run 7's batching engine alone: 2 answers in 17.43 s, first token 2.0 s. Four first tokens one after another
     # (8.0 s) and one shared decode (6.72 s) give 4 answers in 14.72 s: at most 2.37x one client's tokens/s.
