@@ -236,8 +236,9 @@ def latency(host: str, port: int, tokens: int, runs: int, bound: float, keys_fil
                      stream_options={"include_usage": True})
         except Exception as e:  # one run's error is its row
             a = client.Answer(error=client.describe(e))
+        # X-Cache: an answer replayed from the service's cache timed the cache, not the engine
         row = {**_row(a, 4), "tokens": a.tokens or 0, "ms_per_token": None, "turn": len(earlier),
-               "prompt_tokens": a.usage.get("prompt_tokens")}
+               "prompt_tokens": a.usage.get("prompt_tokens"), "cache": a.headers.get("X-Cache")}
         if a.first_token_s is not None and row["tokens"] > 1:
             row["ms_per_token"] = round(1000 * (a.last_token_s - a.first_token_s) / (row["tokens"] - 1), 2)
         return row, a.text

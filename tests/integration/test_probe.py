@@ -49,12 +49,13 @@ def test_latency_with_followups_continues_each_conversation(service):
     runs_before = service.metric(RUNS)
     runs = run("latency", "127.0.0.1", service.port, 8, 1, 120, "", 2, "40x36", 1)
     assert [r["turn"] for r in runs] == [0, 1, 0, 1], runs
-    assert all(r["status"] == 200 and r["tokens"] == 8 for r in runs), runs
+    assert all(r["status"] == 200 and r["tokens"] == 8 and r["cache"] == "miss" for r in runs), runs
     assert service.metric(RUNS) - runs_before == 2
     # Alone, a follow-up finds its conversation's KV: the first turn's prompt and its answer as generated (all but
     # the last token, which was never fed back) are reused.
     reused_before = service.metric(REUSED)
     first, followup = run("latency", "127.0.0.1", service.port, 8, 1, 120, "", 1, "40x36", 1)
+    assert (first["cache"], followup["cache"]) == ("miss", "miss")
     assert followup["turn"] == 1 and followup["prompt_tokens"] > first["prompt_tokens"] + 8, (first, followup)
     assert service.metric(REUSED) - reused_before >= first["prompt_tokens"] + 8 - 1
 
