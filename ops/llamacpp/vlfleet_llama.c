@@ -22,7 +22,7 @@
 
 /* The interface's number: bumped with every change of a function's signature or meaning here, and checked by
  * service/engine/llama_worker.py, so a service never calls a shim of another interface (it would crash, not fail). */
-#define VL_INTERFACE 2
+#define VL_INTERFACE 3
 
 typedef struct vl_lm {
     struct llama_model *model;
@@ -104,6 +104,21 @@ int32_t vl_n_ctx(const vl_lm *lm) { return (int32_t)llama_n_ctx(lm->ctx); }
 /* Forget sequence seq's tokens at positions >= p0 (all of them for p0 = 0). */
 int32_t vl_seq_rm(vl_lm *lm, int32_t seq, int32_t p0) {
     return llama_memory_seq_rm(llama_get_memory(lm->ctx), seq, p0, -1) ? 0 : -1;
+}
+
+/* Sequence seq's KV in llama.cpp's own serialised form (llama_state_seq_get_data): its size when buf is NULL,
+ * else the bytes written (0: it did not fit or failed). Read to learn the cache's layout (types, rows, v_trans). */
+int64_t vl_seq_get_state(vl_lm *lm, int32_t seq, uint8_t *buf, int64_t size) {
+    if (buf == NULL) {
+        return (int64_t)llama_state_seq_get_size(lm->ctx, seq);
+    }
+    return (int64_t)llama_state_seq_get_data(lm->ctx, buf, (size_t)size, seq);
+}
+
+/* Replace sequence seq with the KV in buf (that same form, here written by service/engine/kv_handoff.py from another
+ * runtime's prefill); the bytes read, 0 when llama.cpp refused it (no room, or a layout it does not expect). */
+int64_t vl_seq_set_state(vl_lm *lm, int32_t seq, const uint8_t *buf, int64_t size) {
+    return (int64_t)llama_state_seq_set_data(lm->ctx, buf, (size_t)size, seq);
 }
 
 static int32_t copy_last_logits(vl_lm *lm, float *out) {

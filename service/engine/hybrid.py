@@ -45,6 +45,7 @@ class Batched(Running):
     prefill: object = None  # LlamaLM.feed's iterator while the prompt is being computed
     logits: object = None  # the logits the next token is drawn from
     batch_max: int = 0  # the most answers a decode step of this one shared (the inference log's decode_batch_max)
+    prefill_on: str = ""  # the runtime that computed its prompt (the inference log's prefill_on)
 
 
 class HybridEngine(DirectEngine):
@@ -108,6 +109,7 @@ class HybridEngine(DirectEngine):
                 return
             r.seq, keep = claimed
             r.answer.stats.reused_tokens = keep
+            r.prefill_on = self.pipeline.lm.prefill_on(len(r.answer.prompt.ids), keep)
             r.prefill = self.pipeline.lm.feed(r.seq, r.answer.prompt, keep, PREFILL_CHUNK)
             running.append(r)
 
@@ -156,7 +158,7 @@ class HybridEngine(DirectEngine):
     def _complete(self, r: Batched) -> None:
         stats = r.answer.finish()
         self.pipeline.lm.release(r.seq)
-        self._end(r, stats, decode_batch_max=r.batch_max)
+        self._end(r, stats, decode_batch_max=r.batch_max, prefill_on=r.prefill_on)
 
     def _drop(self, r: Batched, error: Exception) -> None:
         """End ``r`` with ``error``; its sequence keeps nothing (a half-fed state is nobody's conversation)."""

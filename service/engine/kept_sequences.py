@@ -59,6 +59,7 @@ class KeptSequences:
     n_ctx: int
     vocab_size: int
     context_setting: str
+    runtime: str  # what computes prompts and steps: the inference log's prefill_on
 
     def _init_sequences(self) -> None:
         self._sequences = [Sequence(i) for i in range(SEQUENCES)]
@@ -82,6 +83,10 @@ class KeptSequences:
     def step_many(self, steps: list[tuple[Sequence, int, int]]) -> np.ndarray:
         """One decode step: token of each (sequence, token, position) at its position; (len(steps), vocab) logits."""
         raise NotImplementedError
+
+    def prefill_on(self, tokens: int, keep: int) -> str:
+        """The runtime that computes a prompt of ``tokens`` whose first ``keep`` the sequence holds."""
+        return self.runtime
 
     def _cut_kv(self, s: Sequence, length: int) -> None:
         """Drop the KV of ``s`` after its first ``length`` tokens (its keys are cut by the caller)."""

@@ -9,11 +9,16 @@ service.engine.kept_sequences says). An image token's row is its embedding follo
 (``[main | deepstack_1 | ... | deepstack_n]``, what llama.cpp's Qwen3-VL graph reads), at its M-RoPE position
 (t, y, x, 0); a text token is its id at one position. A cut is made by position, so it never falls inside an image
 (all of an image's tokens share their first position).
+
+With VLFLEET_HYBRID_PREFILL=openvino (the default) a new conversation's prompt is computed by the artifact's
+OpenVINO language model and its KV handed to llama.cpp (service.engine.kv_handoff); the answer's tokens and a
+follow-up's new turn are llama.cpp's, after the KV its sequence keeps.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -25,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence, segments
+from service.engine.kv_handoff import Layout, LayoutError, OpenVINOPrefill
 from service.engine.llamacpp_child import (
     child_env,
     context_size,
@@ -35,6 +41,8 @@ from service.engine.llamacpp_child import (
 )
 from service.engine.stateful_lm import Prompt
 from service.runtime.processes import die_with_parent
+
+log = logging.getLogger("vlfleet.engine")
 
 N_BATCH = 512  # tokens per llama_decode call in a prefill
 STOP_GRACE_S = 10.0
@@ -108,6 +116,7 @@ class LlamaLM(KeptSequences):
     sequence of one KV cache, cut by position."""
 
     context_setting = "VLFLEET_LLAMACPP_CTX"
+    runtime = "llamacpp"
 
     def __init__(self, settings, model_dir: Path):
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -118,6 +127,7 @@ class LlamaLM(KeptSequences):
                            threads(settings), N_BATCH, settings.log_level == "debug")
         self._worker = self._start()
         self._init_sequences()
+        self._prefill = self._openvino_prefill(settings, model_dir) if settings.hybrid_prefill == "openvino" else None
 
     def _start(self) -> Worker:
         worker = Worker(self._open_args)
@@ -128,6 +138,20 @@ class LlamaLM(KeptSequences):
                                f"tower gives {self._row}: the two artifacts are not of the same checkpoint")
         self.vocab_size, self.n_ctx = int(info["n_vocab"]), int(info["n_ctx"])
         return worker
+
+    def _openvino_prefill(self, settings, model_dir: Path) -> OpenVINOPrefill | None:
+        """OpenVINO's prefill, with the layout of what llama.cpp writes for a one-token sequence; None (prompts on
+        llama.cpp) if that layout is one kv_handoff cannot write."""
+        seq = self._sequences[0].seq  # empty until the first request
+        self._worker.call("tokens", seq, [0], [0], False)
+        try:
+            layout = Layout.probe(self._worker.call("get_state", seq))
+        except LayoutError as e:
+            log.warning("prompts are computed on llama.cpp: %s", e)
+            return None
+        finally:
+            self._worker.call("seq_rm", seq, 0)
+        return OpenVINOPrefill(settings, model_dir, layout)
 
     def close(self) -> None:
         self._worker.stop()
@@ -142,7 +166,20 @@ class LlamaLM(KeptSequences):
                     self._worker.call("seq_rm", s.seq, 0)
         self._forget_all()
 
+    def prefill_on(self, tokens: int, keep: int) -> str:
+        return "openvino" if self._prefill is not None and self._prefill.worth(tokens, keep) else self.runtime
+
+    def _keep(self, s: Sequence, prompt: Prompt) -> int:
+        keep = super()._keep(s, prompt)
+        if self.prefill_on(len(prompt.ids), keep) == "openvino":
+            self._cut(s, 0)  # the whole prompt is OpenVINO's
+            return 0
+        return keep
+
     def feed(self, s: Sequence, prompt: Prompt, keep: int, chunk: int) -> Iterator[np.ndarray | None]:
+        if keep == 0 and self.prefill_on(len(prompt.ids), 0) == "openvino":
+            yield from self._handed_over(s, prompt, chunk)
+            return
         for kind, lo, hi in segments(prompt, keep):
             for a in range(lo, hi, chunk):
                 b = min(a + chunk, hi)
@@ -155,6 +192,17 @@ class LlamaLM(KeptSequences):
                     out = self._worker.call("embeddings", s.seq, image_rows(image, a - start)[:b - a], pos4, last)
                 self._kept(s, prompt, a, b)
                 yield out
+
+    def _handed_over(self, s: Sequence, prompt: Prompt, chunk: int) -> Iterator[np.ndarray | None]:
+        """``prompt`` computed by OpenVINO, its KV written into ``s``."""
+        for out in self._prefill.feed(prompt, chunk):
+            if out is None:
+                yield None
+                continue
+            logits, state = out
+            self._worker.call("set_state", s.seq, state)
+            self._kept(s, prompt, 0, len(prompt.ids))
+            yield logits
 
     def step_many(self, steps: list[tuple[Sequence, int, int]], pad: bool = False) -> np.ndarray:
         """``pad``: a step of 3 gets a fourth row (vlfleet_llama.c). Off in the engine: the rows then take another

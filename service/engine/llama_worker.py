@@ -20,7 +20,7 @@ import numpy as np
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _F32P = ctypes.POINTER(ctypes.c_float)
 FULL_CACHE = 1  # llama_decode's code for "no room in the KV cache"
-INTERFACE = 2  # vlfleet_llama.c's VL_INTERFACE: the functions bound below, with these signatures
+INTERFACE = 3  # vlfleet_llama.c's VL_INTERFACE: the functions bound below, with these signatures
 
 
 def _interface(lib: ctypes.CDLL) -> int:
@@ -49,6 +49,9 @@ def _bind(lib: ctypes.CDLL, path: str) -> ctypes.CDLL:
     lib.vl_decode_step.argtypes = [ctypes.c_void_p, _I32P, _I32P, _I32P, ctypes.c_int32, ctypes.c_int32, _F32P]
     for name in ("vl_seq_rm", "vl_decode_tokens", "vl_decode_embd", "vl_decode_step"):
         getattr(lib, name).restype = ctypes.c_int32
+    for name in ("vl_seq_get_state", "vl_seq_set_state"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_int64]
+        getattr(lib, name).restype = ctypes.c_int64
     return lib
 
 
@@ -103,6 +106,19 @@ class Model:
                                      len(ids), int(pad), _ptr(out, _F32P))
         self._check(rc, "a decode step")
         return out
+
+    def get_state(self, seq: int) -> bytes:
+        """The sequence's KV in llama.cpp's serialised form (service.engine.kv_handoff reads its layout)."""
+        size = self.lib.vl_seq_get_state(self.handle, seq, None, 0)
+        buf = ctypes.create_string_buffer(size)
+        if self.lib.vl_seq_get_state(self.handle, seq, buf, size) != size:
+            raise RuntimeError("llama.cpp could not serialise a sequence's KV")
+        return buf.raw
+
+    def set_state(self, seq: int, blob: bytes) -> None:
+        """Replace the sequence's KV with ``blob`` (that form)."""
+        if self.lib.vl_seq_set_state(self.handle, seq, blob, len(blob)) != len(blob):
+            raise RuntimeError("llama.cpp refused the handed-over KV (its log says why)")
 
     @staticmethod
     def _check(rc: int, what: str) -> None:

@@ -27,6 +27,7 @@ CACHE_PREFIX = ("key_cache.", "value_cache.")
 
 class PagedLM(KeptSequences):
     context_setting = "VLFLEET_KV_CACHE_GB"
+    runtime = "openvino"
 
     def __init__(self, settings, model_dir: Path):
         import openvino as ov

@@ -14,6 +14,8 @@ largest extent. The deepstack features of each image token go in beside its embe
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,20 +128,38 @@ class StatefulLM:
         """Logits after the prompt, and how many of its tokens came from the KV state instead of being computed."""
         keep = min(common_prefix(tuple(self.keys), prompt.keys), len(prompt.keys) - 1)
         self._cut(keep)
-        ids = prompt.ids[keep:]
-        embeds = self._embed.infer({"input": ids[None]})[0].copy()
-        mask = np.zeros((1, len(ids)), dtype=bool)
-        deepstack = []
-        for start, image, _ in prompt.images:
-            lo, hi = max(start, keep), start + image.tokens
-            if hi <= lo:
-                continue
-            embeds[0, lo - keep:hi - keep] = image.embeds[lo - start:]
-            mask[0, lo - keep:hi - keep] = True
-            deepstack.append(image.deepstack[:, lo - start:])
-        logits = self._infer(embeds, prompt.positions[:, keep:], mask, deepstack)
-        self.keys.extend(prompt.keys[keep:])
+        *_, logits = self.feed(prompt, keep, len(prompt.ids))
         return logits, keep
+
+    def feed(self, prompt: Prompt, keep: int, chunk: int) -> Iterator[np.ndarray | None]:
+        """Compute ``prompt`` after its first ``keep`` tokens (what the state holds), at most ``chunk`` tokens per
+        call; yields None after each call but the last, and the logits after the last."""
+        for a in range(keep, len(prompt.ids), chunk):
+            b = min(a + chunk, len(prompt.ids))
+            embeds = self._embed.infer({"input": prompt.ids[None, a:b]})[0].copy()
+            mask = np.zeros((1, b - a), dtype=bool)
+            deepstack = []
+            for start, image, _ in prompt.images:
+                lo, hi = max(start, a), min(start + image.tokens, b)
+                if hi <= lo:
+                    continue
+                embeds[0, lo - a:hi - a] = image.embeds[lo - start:hi - start]
+                mask[0, lo - a:hi - a] = True
+                deepstack.append(image.deepstack[:, lo - start:hi - start])
+            logits = self._infer(embeds, prompt.positions[:, a:b], mask, deepstack)
+            self.keys.extend(prompt.keys[a:b])
+            yield logits if b == len(prompt.ids) else None
+
+    def kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The state's keys and values, one (tokens, kv heads x head size) array per layer, in layer order
+        (service.engine.kv_handoff hands them to llama.cpp)."""
+        found: dict[tuple[str, int], np.ndarray] = {}
+        for state in self._request.query_state():
+            layer, kind = _kv_variable(state.name)
+            value = state.state.data[0]  # (kv heads, tokens, head size): the batch axis first, tokens third
+            found[kind, layer] = value.transpose(1, 0, 2).reshape(value.shape[1], -1)
+        layers = range(len(found) // 2)
+        return [found["key", i] for i in layers], [found["value", i] for i in layers]
 
     def step(self, token: int, position: int) -> np.ndarray:
         """Logits after one more token at ``position`` (all three RoPE rows advance together for text)."""
@@ -170,6 +190,14 @@ class StatefulLM:
             value = state.state.data
             state.state = _tensor(np.take(value, np.arange(length), axis=self._seq_axis[state.name]))
         del self.keys[length:]
+
+
+def _kv_variable(name: str) -> tuple[int, str]:
+    """(layer, "key" or "value") of an exported KV variable, named like past_key_values.3.keypresent.3.key."""
+    found = re.match(r"past_key_values\.(\d+)\.(key|value)", name)
+    if found is None:
+        raise ValueError(f"{name!r} is not a KV variable this service knows")
+    return int(found[1]), found[2]
 
 
 def _tensor(array: np.ndarray):

@@ -150,6 +150,11 @@ FIELDS: tuple[Field, ...] = (
     Field("llamacpp_ctx", _int_range(0, 1 << 20), 0,
           "Context size of the llamacpp engine's llama-server, in tokens (its KV cache); 0 = "
           "VLFLEET_MAX_INPUT_TOKENS + VLFLEET_MAX_TOKENS, the longest prompt and answer accepted."),
+    Field("hybrid_prefill", _choice("openvino", "llamacpp"), "openvino",
+          "Where the hybrid engine computes a new conversation's prompt. openvino: the artifact's own language "
+          "model (loaded beside llama.cpp's: about its size again in memory), its KV then handed to llama.cpp, "
+          "which decodes; faster to the first token where OpenVINO's prefill is (docs/engines.md). llamacpp: all "
+          "of it on llama.cpp. A follow-up's new turn is llama.cpp's either way."),
     Field("llamacpp_start_timeout", _float_range(1, 3600, "a number of seconds"), 300.0,
           "Seconds the llamacpp engine waits for its llama-server to load the model (/health 200) at start and "
           "after a restart."),

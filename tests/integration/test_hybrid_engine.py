@@ -6,6 +6,7 @@ The answer cache is off: every answer here comes from the engine."""
 from __future__ import annotations
 
 import signal
+import struct
 import threading
 import types
 import urllib.error
@@ -19,7 +20,6 @@ from service.engine.conversation import Conversation, Turn
 from service.engine.images import PreparedImage
 from tests import servers
 from tests.integration.conftest import image_message, png_bytes, start_engine
-from tests.integration.test_direct_engine import _ask
 from tests.integration.test_response_format import post
 
 RUNS, REUSED = "vlfleet_vision_encoder_runs_total", "vlfleet_reused_prompt_tokens_total"
@@ -42,20 +42,31 @@ def client(server):
     return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
+def _ask(client, messages, max_tokens=6, request_id=None):
+    headers = {"X-Request-Id": request_id} if request_id else None
+    return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0,
+                                          extra_headers=headers)
+
+
 def _follow_up(first: list[dict], answer, question: str) -> list[dict]:
     return [*first, {"role": "assistant", "content": answer.choices[0].message.content},
             {"role": "user", "content": question}]
 
 
 def test_a_follow_up_runs_the_vision_encoder_zero_times(server, client):
+    """The first prompt is computed by OpenVINO (the default VLFLEET_HYBRID_PREFILL) and its KV handed to llama.cpp;
+    the follow-up continues from that KV on llama.cpp, its image kept."""
     first = [image_message("What is in this image?", png_bytes((120, 90), (20, 160, 60)))]
     runs0 = server.metric(RUNS)
-    answer = _ask(client, first)
+    answer = _ask(client, first, request_id="first")
     assert server.metric(RUNS) == runs0 + 1
     reused0 = server.metric(REUSED)
-    assert _ask(client, _follow_up(first, answer, "And its colour?")).choices[0].message.content is not None
+    follow = _ask(client, _follow_up(first, answer, "And its colour?"), request_id="follow")
+    assert follow.choices[0].message.content is not None
     assert server.metric(RUNS) == runs0 + 1  # the re-sent image was kept
     assert server.metric(REUSED) - reused0 >= answer.usage.prompt_tokens  # the first turn came from the KV
+    lines = [lines[-1] for lines in server.wait_inference_lines("first", "follow")]
+    assert [line["prefill_on"] for line in lines] == ["openvino", "llamacpp"], lines
 
 
 def test_two_conversations_taking_turns_each_keep_their_kv(server, client):
@@ -124,11 +135,11 @@ def fp16_pair(tiny_checkpoint, llama_server, llama_lib):
             gguf.cached("tiny", gguf.GgufParams(quant="F16"), build_config=build.test_config()), llama_lib)
 
 
-def _settings(ir, gguf, lib) -> types.SimpleNamespace:
+def _settings(ir, gguf, lib, prefill: str = "llamacpp") -> types.SimpleNamespace:
     return types.SimpleNamespace(model_dir=ir, device="CPU", threads=0, precision="f32", lm_precision="f32",
                                  dq_group_size="0", kv_precision="auto", model_cache_dir=None, image_cache_mb=64,
                                  llamacpp_model_dir=gguf, llamacpp_lib=lib, llamacpp_ctx=0, max_input_tokens=4096,
-                                 max_tokens=64, log_level="info")
+                                 max_tokens=64, log_level="info", hybrid_prefill=prefill)
 
 
 def _conversation(question: str, side=(110, 70)) -> Conversation:
@@ -136,14 +147,16 @@ def _conversation(question: str, side=(110, 70)) -> Conversation:
     return Conversation((Turn("user", question, (PreparedImage(pixels, "img", side),)),))
 
 
-def test_logits_equal_the_direct_engines(fp16_pair):
+@pytest.mark.parametrize("prefill", ["llamacpp", "openvino"])
+def test_logits_equal_the_direct_engines(fp16_pair, prefill):
     """Prefill (text, image embeddings with their deepstack features, M-RoPE positions), decode steps, and a
     follow-up continued from the kept KV: the last position's logits equal the direct engine's on the same
-    weights, within TOLERANCE of the largest logit."""
+    weights, within TOLERANCE of the largest logit. With the prompt computed by OpenVINO, the decode steps run on
+    the KV it handed to llama.cpp (service.engine.kv_handoff)."""
     from service.engine.direct_pipeline import DirectPipeline, Generation
     from service.engine.llama_lm import LlamaLM
 
-    settings = _settings(*fp16_pair)
+    settings = _settings(*fp16_pair, prefill)
     direct, hybrid = DirectPipeline(settings), DirectPipeline(settings, language_model=LlamaLM)
     first = _conversation("Describe this image.", (150, 100))
     follow = Conversation((*first.turns, Turn("assistant", "a picture"), Turn("user", "Which colour?")))
@@ -219,3 +232,50 @@ def test_a_batched_step_gives_each_sequence_its_own_logits(fp16_pair, conversati
             np.testing.assert_allclose(alone, want, rtol=0, atol=TOLERANCE * float(np.abs(want).max()))
         seqs = [(s, int(np.argmax(row)), at + 1) for (s, _, at), row in zip(seqs, together, strict=True)]
     lm.close()
+
+
+def _cells_and_kv(layout, blob: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """A serialised sequence (service.engine.kv_handoff's layout) as its cells (without the sequence id, which
+    llama.cpp discards on a read) and all its keys and values, as f32."""
+    from service.engine.kv_handoff import GGML_TYPES
+
+    at = len(layout.head) + 8
+    cell = np.dtype([("pos", "<i4"), ("n", "<u4"), ("x", "<i4"), ("y", "<i4"), ("tok", "<i4"), ("seq", "<i4")])
+    cells = np.frombuffer(blob, cell, tokens, at)
+    at += cells.nbytes + 8
+    kv = []
+    for values, kind in ((False, layout.k_type), (True, layout.v_type)):
+        dtype = np.dtype(GGML_TYPES[kind])
+        for _ in range(layout.layers):
+            if values and layout.v_trans:
+                width = struct.unpack_from("<iII", blob, at)[2]
+            else:
+                width = struct.unpack_from("<iQ", blob, at)[1] // dtype.itemsize
+            data = np.frombuffer(blob, dtype, tokens * width, at + 12)
+            kv.append(data.astype(np.float32))
+            at += 12 + data.nbytes
+    assert at == len(blob)
+    return cells[["pos", "n", "x", "y", "tok"]], np.stack(kv)
+
+
+def test_the_handed_over_kv_is_what_llamacpp_computes(fp16_pair):
+    """A prompt with an image computed by OpenVINO and written into a llama.cpp sequence holds what llama.cpp's own
+    prefill of it holds: the same cells (positions incl. the image's M-RoPE rows, tokens, image cells marked), and
+    keys and values within TOLERANCE of the largest (the same fp16 weights on both sides)."""
+    from service.engine.direct_pipeline import DirectPipeline, Generation
+    from service.engine.llama_lm import LlamaLM
+
+    blobs = []
+    for prefill in ("openvino", "llamacpp"):
+        pipe = DirectPipeline(_settings(*fp16_pair, prefill), language_model=LlamaLM)
+        prompt = pipe.prompt(_conversation("Describe this image.", (150, 100)), Generation())
+        pipe.lm.prefill(prompt)
+        blobs.append(pipe.lm._worker.call("get_state", pipe.lm._active.seq))
+        if prefill == "openvino":
+            layout = pipe.lm._prefill.layout
+        pipe.lm.close()
+    (cells, kv), (want_cells, want_kv) = (_cells_and_kv(layout, b, len(prompt.ids)) for b in blobs)
+    assert (want_cells["tok"] == -1).sum() == sum(image.tokens for _, image, _ in prompt.images)
+    assert (want_cells["x"] != want_cells["y"]).any()  # the image's rows are laid out in two dimensions
+    np.testing.assert_array_equal(cells, want_cells)
+    np.testing.assert_allclose(kv, want_kv, rtol=0, atol=TOLERANCE * float(np.abs(want_kv).max()))

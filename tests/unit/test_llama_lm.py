@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from service.engine import llama_lm, llama_worker
+from service.engine import kv_handoff, llama_lm, llama_worker
 from service.engine.stateful_lm import Prompt
 from service.engine.vision import EncodedImage
 
@@ -40,6 +40,7 @@ def lm(n_ctx: int = 1000) -> llama_lm.LlamaLM:
     out._worker, out.n_ctx, out.vocab_size = FakeWorker(), n_ctx, 3
     out._sequences = [llama_lm.Sequence(i) for i in range(llama_lm.SEQUENCES)]
     out._active = out._sequences[0]
+    out._prefill = None
     return out
 
 
@@ -129,3 +130,45 @@ def test_a_shim_of_another_interface_is_refused_with_the_fix(tmp_path):
                                                rf"service needs {llama_worker.INTERFACE}: install the "
                                                r"vlfleet-llama-server wheel of this release"):
             llama_worker.Model(str(lib), "model.gguf", 256, 1, 1, 32)
+
+
+class FakePrefill:
+    """OpenVINO's prefill as service.engine.kv_handoff.OpenVINOPrefill is used: its choice, logits and a state."""
+
+    worth = staticmethod(kv_handoff.OpenVINOPrefill.worth)
+
+    def __init__(self):
+        self.prompts: list[Prompt] = []
+
+    def feed(self, p: Prompt, chunk: int):
+        self.prompts.append(p)
+        for _ in range(0, len(p.ids) - chunk, chunk):
+            yield None
+        yield np.full(3, -1.0, np.float32), b"state"
+
+
+def test_a_new_conversation_is_computed_by_openvino_and_its_follow_up_by_llamacpp():
+    m = lm()
+    m._prefill = FakePrefill()
+    first = prompt(list(range(1, 13)), image(), [3, 4])  # 18 tokens: at least kv_handoff.MIN_TOKENS
+    assert m.prefill_on(len(first.ids), 0) == "openvino"
+    logits, keep = m.prefill(first)
+    assert (logits[0], keep) == (-1.0, 0) and m._prefill.prompts == [first]
+    assert m._worker.calls == [("set_state", m._active.seq, b"state")]
+    assert m._active.keys == list(first.keys)  # what the sequence holds now, for the follow-up's prefix
+    m.step(7, first.next_position)
+    m._worker.calls.clear()
+    follow = prompt(list(range(1, 13)), image(), [3, 4, 7, 8, 8])
+    _, keep = m.prefill(follow)
+    assert keep == len(first.ids) + 1 and [c[0] for c in m._worker.calls] == ["tokens"]  # its new turn only
+    assert m._prefill.prompts == [first]
+
+
+def test_a_short_prompt_and_a_long_kept_prefix_stay_on_llamacpp():
+    m = lm()
+    m._prefill = FakePrefill()
+    short = prompt([1, 2], image(), [3])
+    assert m.prefill_on(len(short.ids), 0) == "llamacpp"
+    m.prefill(short)
+    assert m._prefill.prompts == [] and [c[0] for c in m._worker.calls] == ["tokens", "embeddings", "tokens"]
+    assert m.prefill_on(100, 40) == "llamacpp" and m.prefill_on(100, 30) == "openvino"  # recomputing 30 beats 70
