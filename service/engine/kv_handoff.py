@@ -142,14 +142,13 @@ class OpenVINOPrefill:
 
     def feed(self, prompt: Prompt, chunk: int) -> Iterator[tuple[np.ndarray, bytes] | None]:
         """``prompt`` from its first token, at most ``chunk`` tokens per call: None after each call but the last,
-        then the logits and the KV as llama.cpp's serialised sequence. The state is emptied again after."""
+        then the logits and the KV as llama.cpp's serialised sequence. The state is emptied before and after (one
+        abandoned half-way, its request gone, is emptied by the next)."""
         self._lm.reset()
-        try:
-            for logits in self._lm.feed(prompt, 0, chunk):
-                if logits is None:
-                    yield None
-                    continue
-                keys, values = self._lm.kv()
-                yield logits, sequence_state(self.layout, prompt, keys, values)
-        finally:
+        for logits in self._lm.feed(prompt, 0, chunk):
+            if logits is None:
+                yield None
+                continue
+            state = sequence_state(self.layout, prompt, *self._lm.kv())
             self._lm.reset()
+            yield logits, state
