@@ -94,20 +94,22 @@ def _parse(blob: bytes, head: int, ext: bool) -> Layout:
     return Layout(layers, k_type, v_type, bool(v_trans), ext, blob[:head])
 
 
-def sequence_state(layout: Layout, prompt: Prompt, keys: list[np.ndarray], values: list[np.ndarray]) -> bytes:
-    """``prompt``'s KV as llama.cpp's serialised sequence: ``keys``/``values`` one (tokens, width) array per layer."""
-    n = len(prompt.ids)
+def sequence_state(layout: Layout, prompt: Prompt, keys: list[np.ndarray], values: list[np.ndarray],
+                   n: int | None = None) -> bytes:
+    """The KV of ``prompt``'s first ``n`` tokens (default: all) as llama.cpp's serialised sequence: ``keys`` and
+    ``values`` one (n, width) array per layer."""
+    n = len(prompt.ids) if n is None else n
     if len(keys) != layout.layers or any(k.shape[0] != n for k in (*keys, *values)):
         raise LayoutError(f"{len(keys)} layers of KV for {n} tokens do not fit a model of {layout.layers} layers")
     fields = [("pos", "<i4"), ("n_seq", "<u4")] + ([("x", "<i4"), ("y", "<i4"), ("tok", "<i4")] if layout.ext
                                                    else []) + [("seq", "<i4")]
     cells = np.zeros(n, np.dtype(fields))
-    cells["pos"], cells["n_seq"] = prompt.positions[0], 1
+    cells["pos"], cells["n_seq"] = prompt.positions[0, :n], 1
     if layout.ext:
-        cells["y"], cells["x"] = prompt.positions[1], prompt.positions[2]
-        cells["tok"] = prompt.ids
+        cells["y"], cells["x"] = prompt.positions[1, :n], prompt.positions[2, :n]
+        cells["tok"] = prompt.ids[:n]
         for start, image, _ in prompt.images:
-            cells["tok"][start:start + image.tokens] = NO_TOKEN
+            cells["tok"][start:min(start + image.tokens, n)] = NO_TOKEN
     parts = [layout.head, struct.pack("<II", 1, n), cells.tobytes(),
              struct.pack("<II", int(layout.v_trans), layout.layers)]
     for k in keys:
@@ -140,15 +142,17 @@ class OpenVINOPrefill:
         and the kept part short next to it (recomputing it here costs less than llama.cpp computing the rest)."""
         return tokens - keep >= MIN_TOKENS and keep <= (tokens - keep) // 2
 
-    def feed(self, prompt: Prompt, chunk: int) -> Iterator[tuple[np.ndarray, bytes] | None]:
-        """``prompt`` from its first token, at most ``chunk`` tokens per call: None after each call but the last,
-        then the logits and the KV as llama.cpp's serialised sequence. The state is emptied before and after (one
-        abandoned half-way, its request gone, is emptied by the next)."""
+    def feed(self, prompt: Prompt, chunk: int) -> Iterator[bytes | None]:
+        """All of ``prompt`` but its last token, at most ``chunk`` tokens per call: None after each call but the
+        last, then their KV as llama.cpp's serialised sequence. The last token is llama.cpp's to compute, so every
+        token is drawn from llama.cpp's logits: a prompt asked again, continued from this KV, gives the same answer.
+        The state is emptied before and after (one abandoned half-way, its request gone, is emptied by the next)."""
         self._lm.reset()
-        for logits in self._lm.feed(prompt, 0, chunk):
-            if logits is None:
+        n = len(prompt.ids) - 1
+        for out in self._lm.feed(prompt, 0, chunk, n):
+            if out is None:
                 yield None
                 continue
-            state = sequence_state(self.layout, prompt, *self._lm.kv())
+            state = sequence_state(self.layout, prompt, *self._lm.kv(), n)
             self._lm.reset()
-            yield logits, state
+            yield state

@@ -180,6 +180,9 @@ class LlamaLM(KeptSequences):
         if keep == 0 and self.prefill_on(len(prompt.ids), 0) == "openvino":
             yield from self._handed_over(s, prompt, chunk)
             return
+        yield from self._computed(s, prompt, keep, chunk)
+
+    def _computed(self, s: Sequence, prompt: Prompt, keep: int, chunk: int) -> Iterator[np.ndarray | None]:
         for kind, lo, hi in segments(prompt, keep):
             for a in range(lo, hi, chunk):
                 b = min(a + chunk, hi)
@@ -196,14 +199,13 @@ class LlamaLM(KeptSequences):
     def _handed_over(self, s: Sequence, prompt: Prompt, chunk: int) -> Iterator[np.ndarray | None]:
         """``prompt`` computed by OpenVINO, its KV written into ``s``. Chunks twice as long as llama.cpp's: OpenVINO
         computes a prompt about twice as fast, so the others' decode waits as long between two."""
-        for out in self._prefill.feed(prompt, 2 * chunk):
-            if out is None:
+        for state in self._prefill.feed(prompt, 2 * chunk):
+            if state is None:
                 yield None
                 continue
-            logits, state = out
             self._worker.call("set_state", s.seq, state)
-            self._kept(s, prompt, 0, len(prompt.ids))
-            yield logits
+            self._kept(s, prompt, 0, len(prompt.ids) - 1)
+        yield from self._computed(s, prompt, len(prompt.ids) - 1, chunk)  # the last token: its logits llama.cpp's
 
     def step_many(self, steps: list[tuple[Sequence, int, int]], pad: bool = False) -> np.ndarray:
         """``pad``: a step of 3 gets a fourth row (vlfleet_llama.c). Off in the engine: the rows then take another

@@ -131,11 +131,12 @@ class StatefulLM:
         *_, logits = self.feed(prompt, keep, len(prompt.ids))
         return logits, keep
 
-    def feed(self, prompt: Prompt, keep: int, chunk: int) -> Iterator[np.ndarray | None]:
-        """Compute ``prompt`` after its first ``keep`` tokens (what the state holds), at most ``chunk`` tokens per
-        call; yields None after each call but the last, and the logits after the last."""
-        for a in range(keep, len(prompt.ids), chunk):
-            b = min(a + chunk, len(prompt.ids))
+    def feed(self, prompt: Prompt, keep: int, chunk: int, end: int | None = None) -> Iterator[np.ndarray | None]:
+        """Compute ``prompt`` after its first ``keep`` tokens (what the state holds) up to ``end`` (default: all of
+        it), at most ``chunk`` tokens per call; yields None after each call but the last, and the logits after it."""
+        end = len(prompt.ids) if end is None else end
+        for a in range(keep, end, chunk):
+            b = min(a + chunk, end)
             embeds = self._embed.infer({"input": prompt.ids[None, a:b]})[0].copy()
             mask = np.zeros((1, b - a), dtype=bool)
             deepstack = []
@@ -148,7 +149,7 @@ class StatefulLM:
                 deepstack.append(image.deepstack[:, lo - start:hi - start])
             logits = self._infer(embeds, prompt.positions[:, a:b], mask, deepstack)
             self.keys.extend(prompt.keys[a:b])
-            yield logits if b == len(prompt.ids) else None
+            yield logits if b == end else None
 
     def kv(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The state's keys and values, one (tokens, kv heads x head size) array per layer, in layer order

@@ -144,7 +144,7 @@ class FakePrefill:
         self.prompts.append(p)
         for _ in range(0, len(p.ids) - chunk, chunk):
             yield None
-        yield np.full(3, -1.0, np.float32), b"state"
+        yield b"state"
 
 
 def test_a_new_conversation_is_computed_by_openvino_and_its_follow_up_by_llamacpp():
@@ -153,8 +153,10 @@ def test_a_new_conversation_is_computed_by_openvino_and_its_follow_up_by_llamacp
     first = prompt(list(range(1, 13)), image(), [3, 4])  # 18 tokens: at least kv_handoff.MIN_TOKENS
     assert m.prefill_on(len(first.ids), 0) == "openvino"
     logits, keep = m.prefill(first)
-    assert (logits[0], keep) == (-1.0, 0) and m._prefill.prompts == [first]
-    assert m._worker.calls == [("set_state", m._active.seq, b"state")]
+    assert keep == 0 and m._prefill.prompts == [first]
+    assert m._worker.calls[0] == ("set_state", m._active.seq, b"state")
+    assert m._worker.calls[1][0] == "tokens" and m._worker.calls[1][2].tolist() == [4]  # the last token alone
+    assert logits[0] == 2  # the last token's, computed by llama.cpp
     assert m._active.keys == list(first.keys)  # what the sequence holds now, for the follow-up's prefix
     m.step(7, first.next_position)
     m._worker.calls.clear()
