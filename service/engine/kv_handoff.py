@@ -11,7 +11,7 @@ Both hold the same thing: per layer and token, the RoPE-rotated key and the valu
 M-RoPE positions. What llama.cpp takes is its own serialised sequence (llama_state_seq_set_data). Its layout is read
 from llama.cpp itself, not assumed: ``Layout.probe`` parses what it writes for a one-token sequence (cache types,
 row sizes, whether values are stored transposed, the M-RoPE cell fields); a layout this module does not know
-(a quantised cache type) is an error at load, named, and the engine computes prompts on llama.cpp instead.
+(a quantised cache type) is named in a warning at load, and the engine computes prompts on llama.cpp instead.
 """
 
 from __future__ import annotations

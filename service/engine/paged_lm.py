@@ -20,7 +20,7 @@ import numpy as np
 
 from service.engine.direct_pipeline import split_properties
 from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence
-from service.engine.stateful_lm import Prompt
+from service.engine.stateful_lm import Prompt, prompt_rows
 
 CACHE_PREFIX = ("key_cache.", "value_cache.")
 
@@ -69,7 +69,7 @@ class PagedLM(KeptSequences):
         for a in range(keep, n, chunk):
             b = min(a + chunk, n)
             self._grow(s, b)
-            embeds, mask, deepstack = self._rows(prompt, a, b)
+            embeds, mask, deepstack = prompt_rows(self._embed, prompt, a, b)
             logits = self._infer([(s, b - a)], embeds, prompt.positions[:, a:b], mask, deepstack)
             self._kept(s, prompt, a, b)
             yield logits[0] if b == n else None
@@ -82,19 +82,6 @@ class PagedLM(KeptSequences):
         logits = self._infer([(s, 1) for s, _, _ in steps], embeds, positions, np.zeros(len(steps), bool), [])
         self._stepped(steps)
         return logits
-
-    def _rows(self, prompt: Prompt, a: int, b: int) -> tuple[np.ndarray, np.ndarray, list]:
-        """Prompt tokens a..b as the model takes them: embeddings (image tokens' from the vision tower), which are
-        image tokens, and those tokens' deepstack features."""
-        embeds = self._embed.infer({"input": prompt.ids[None, a:b]})[0][0].copy()
-        mask, deepstack = np.zeros(b - a, bool), []
-        for start, image, _ in prompt.images:
-            lo, hi = max(start, a), min(start + image.tokens, b)
-            if hi > lo:
-                embeds[lo - a:hi - a] = image.embeds[lo - start:hi - start]
-                mask[lo - a:hi - a] = True
-                deepstack.append(image.deepstack[:, lo - start:hi - start])
-        return embeds, mask, deepstack
 
     def _infer(self, rows: list[tuple[Sequence, int]], embeds: np.ndarray, positions: np.ndarray,
                mask: np.ndarray, deepstack: list) -> np.ndarray:

@@ -94,6 +94,21 @@ def mrope_positions(length: int, images: list[tuple[int, EncodedImage, str]]) ->
     return pos, nxt + length - cursor
 
 
+def prompt_rows(embed, prompt: Prompt, a: int, b: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Prompt tokens a..b as the language model takes them: embeddings (``embed``, the text embeddings' infer
+    request; image tokens' rows from the vision tower), which are image tokens, and those tokens' deepstack
+    features."""
+    embeds = embed.infer({"input": prompt.ids[None, a:b]})[0][0].copy()
+    mask, deepstack = np.zeros(b - a, bool), []
+    for start, image, _ in prompt.images:
+        lo, hi = max(start, a), min(start + image.tokens, b)
+        if hi > lo:
+            embeds[lo - a:hi - a] = image.embeds[lo - start:hi - start]
+            mask[lo - a:hi - a] = True
+            deepstack.append(image.deepstack[:, lo - start:hi - start])
+    return embeds, mask, deepstack
+
+
 def common_prefix(a: tuple, b: tuple) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -137,17 +152,8 @@ class StatefulLM:
         end = len(prompt.ids) if end is None else end
         for a in range(keep, end, chunk):
             b = min(a + chunk, end)
-            embeds = self._embed.infer({"input": prompt.ids[None, a:b]})[0].copy()
-            mask = np.zeros((1, b - a), dtype=bool)
-            deepstack = []
-            for start, image, _ in prompt.images:
-                lo, hi = max(start, a), min(start + image.tokens, b)
-                if hi <= lo:
-                    continue
-                embeds[0, lo - a:hi - a] = image.embeds[lo - start:hi - start]
-                mask[0, lo - a:hi - a] = True
-                deepstack.append(image.deepstack[:, lo - start:hi - start])
-            logits = self._infer(embeds, prompt.positions[:, a:b], mask, deepstack)
+            embeds, mask, deepstack = prompt_rows(self._embed, prompt, a, b)
+            logits = self._infer(embeds[None], prompt.positions[:, a:b], mask[None], deepstack)
             self.keys.extend(prompt.keys[a:b])
             yield logits if b == end else None
 
