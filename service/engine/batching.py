@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.engine.base import Engine, warmup_conversation
-from service.engine.conversation import Conversation, Sampling, Timings
+from service.engine.base import Engine
+from service.engine.conversation import Conversation, Timings
 from service.engine.detokenize import IncrementalDecoder
 from service.engine.events import Started, Token
 from service.engine.genai import (
@@ -72,7 +72,7 @@ class BatchingEngine(Engine):
         return load_batching_pipeline(self.settings)
 
     def _warmup(self) -> None:
-        job = Job(warmup_conversation(), Sampling(max_tokens=2), "warmup")
+        job = self._warmup_job()
         job._state = RUNNING
         active = [self._admit(job)]
         for _ in range(10_000):

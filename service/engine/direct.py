@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from service.engine.base import Engine, warmup_conversation
-from service.engine.conversation import Conversation, Sampling, Timings
+from service.engine.base import Engine
+from service.engine.conversation import Conversation, Timings
 from service.engine.direct_pipeline import DirectPipeline, Generation
 from service.engine.events import Started, Token
 from service.engine.job import Job
@@ -62,7 +62,7 @@ class DirectEngine(Engine):
         return error
 
     def _warmup(self) -> None:
-        self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))
+        self._generate(self._warmup_job())
         self.pipeline.trim()  # the warm-up image and prompt are nobody's
 
     def _generate(self, job: Job) -> None:

@@ -126,7 +126,7 @@ class Answer:
         self.stats.prompt_tokens = len(self.prompt.ids)
         self._rng = np.random.default_rng(sampling.seed)
         self._generated: list[int] = []
-        self._text = TextOut(IncrementalDecoder(pipe.tokenizer), sampling.stop, on_text)
+        self._text = TextOut(IncrementalDecoder(pipe.tokenizer, pipe.token_bytes), sampling.stop, on_text)
 
     @property
     def position(self) -> int:

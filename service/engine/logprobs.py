@@ -35,10 +35,12 @@ def choice_logprobs(entries: list[dict] | tuple[dict, ...]) -> dict:
 
 class TokenBytes:
     """Token id -> its bytes, from the artifact's tokenizer.json (byte-level BPE: each character of a token's string
-    stands for one byte, GPT-2's table; added tokens are their own text). Ids past the table are empty."""
+    stands for one byte, GPT-2's table; added tokens are their own text). Ids past the table are empty.
+    ``special``: the added tokens marked special, which a decoded text leaves out (service.engine.detokenize)."""
 
     def __init__(self, tokenizer_json: Path):
         spec = json.loads(Path(tokenizer_json).read_text())
+        self.special = frozenset(t["id"] for t in spec.get("added_tokens", ()) if t.get("special"))
         byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
         self._table: dict[int, bytes] = {
             i: bytes(byte_of[ch] for ch in s) if all(ch in byte_of for ch in s) else s.encode()
@@ -47,6 +49,12 @@ class TokenBytes:
 
     def __call__(self, token: int) -> bytes:
         return self._table.get(int(token), b"")
+
+    def __contains__(self, token: int) -> bool:
+        return token in self._table
+
+    def __iter__(self):
+        return iter(self._table)
 
 
 @functools.cache

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from service.engine.base import Engine, warmup_conversation
-from service.engine.conversation import Sampling, Timings
+from service.engine.base import Engine
+from service.engine.conversation import Timings
 from service.engine.detokenize import token_streamer
 from service.engine.events import Started, Token
 from service.engine.genai import (
@@ -43,7 +43,7 @@ class SerialEngine(Engine):
         return load_pipeline(self.settings)
 
     def _warmup(self) -> None:
-        self._generate(Job(warmup_conversation(), Sampling(max_tokens=2), "warmup"))
+        self._generate(self._warmup_job())
 
     def _generate(self, job: Job) -> None:
         started = time.monotonic()
