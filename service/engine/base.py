@@ -228,8 +228,7 @@ class Engine:
     def _warmup_job(self) -> Job:
         """Two tokens about a picture as large as an auto-detail image is scaled to (VLFLEET_IMAGE_MAX_SIDE): an
         OpenVINO model grows its buffers at the first input larger than any before it, which the first request would
-        pay otherwise (2b shape, 2-core EPYC: the vision tower's first 416x277 image 1.56 s after a 64x64 warm-up
-        against 0.65 s after it, the language model's first 169-token prompt 1.10 s against 0.81 s)."""
+        pay otherwise (docs/engines.md)."""
         side = self.settings.image_max_side or WARMUP_SIDE
         return Job(warmup_conversation(side), Sampling(max_tokens=2), "warmup")
 

@@ -6,9 +6,9 @@ back the last 3 tokens instead (for tokenizers whose cleanup rewrites earlier te
 first-token latency: about 0.2 s with the 2b model on 2 cores.
 
 With the tokenizer's byte table (service.engine.logprobs.TokenBytes) a piece that is whole UTF-8 is joined from its
-tokens' bytes: genai's decode runs its detokenizer model, about 1.2 ms a token on the 2b model's vocabulary (3 % of
-a llama.cpp decode step on 2 cores); a test keeps the two equal. Anything else (a character still incomplete, bytes
-that are not UTF-8, an id the table lacks) is genai's to decode, as before.
+tokens' bytes: genai's decode runs its detokenizer model, an OpenVINO inference per token whose threads wake on cores
+busy with the decode; a test keeps the two equal. Anything else (a character still incomplete, bytes that are not
+UTF-8, an id the table lacks) is genai's to decode, as before.
 """
 
 from __future__ import annotations
