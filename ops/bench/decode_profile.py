@@ -59,7 +59,7 @@ def service_lm_properties(artifact: Path) -> dict:
     compiled-model cache left out: the profile compiles afresh)."""
     import os
 
-    from service.engine.direct_pipeline import split_properties
+    from service.engine.genai import split_properties
     from service.runtime import settings
 
     _, properties = split_properties(settings.load({**os.environ, "VLFLEET_MODEL_DIR": str(artifact)}))

@@ -37,7 +37,8 @@ class Running:
 
 
 class DirectEngine(Engine):
-    """One DirectPipeline; its kept images and KV state survive between requests (trimmed under memory pressure)."""
+    """One DirectPipeline; its kept images and conversations' KV survive between requests (images trimmed under
+    memory pressure)."""
 
     constrains_output = True  # response_format: the answer is generated under the schema's grammar
     top_logprobs = 20  # it has the logits of every step (service.engine.logprobs.from_logits)

@@ -1,5 +1,5 @@
-"""Qwen3-VL generation over the artifact's sub-models, without genai's pipeline: kept image embeddings and a KV
-state that follows the conversation (service.engine.vision, service.engine.stateful_lm).
+"""Qwen3-VL generation over the artifact's sub-models, without genai's pipeline: kept image embeddings and the KV of
+the last few conversations (service.engine.vision, service.engine.paged_lm).
 
 The tokenizer, chat template and detokenizer are the artifact's own (openvino-genai's Tokenizer), so the prompt is
 the one genai would build. Sampling is greedy unless a temperature is given (then top-p with the request's seed);
@@ -22,9 +22,10 @@ import numpy as np
 from service.engine.answer_ids import AnswerIds
 from service.engine.conversation import Conversation, Sampling
 from service.engine.detokenize import IncrementalDecoder
-from service.engine.genai import pipeline_properties, render_prompt
+from service.engine.genai import render_prompt, split_properties
 from service.engine.logprobs import TokenBytes, from_logits
-from service.engine.stateful_lm import Prompt, StatefulLM, TokenIds, expand_images
+from service.engine.paged_lm import PagedLM
+from service.engine.stateful_lm import Prompt, TokenIds, expand_images
 from service.engine.structured import Grammars
 from service.engine.vision import VisionEncoder
 
@@ -40,32 +41,24 @@ class Generation:
     images_encoded: int = 0  # images that went through the vision encoder (the others were kept)
 
 
-def split_properties(settings) -> tuple[dict, dict]:
-    """(vision, language model) compile properties from the same settings genai gets (its MODEL_PROPERTIES is
-    genai's per-sub-model form)."""
-    base = pipeline_properties(settings)
-    per_model = base.pop("MODEL_PROPERTIES", {})
-    return base, {**base, **per_model.get("language_model", {})}
-
-
 class DirectPipeline:
     """Loaded once on the inference thread; ``generate`` answers one conversation at a time."""
 
     def __init__(self, settings, language_model: Callable | None = None):
-        """``language_model(settings, model_dir)``: another language model with StatefulLM's interface (the hybrid
-        engine's llama.cpp one); unset, the artifact's own."""
+        """``language_model(settings, model_dir)``: the language model, kept_sequences.KeptSequences' interface
+        (the hybrid engine's llama.cpp one); unset, the artifact's own over a paged KV cache (service.engine.paged_lm:
+        its attention computes a prompt several times faster than the stateful model's, docs/engines.md)."""
         import openvino as ov
         import openvino_genai as ov_genai
 
         model_dir = Path(settings.model_dir)
         core = ov.Core()
-        vision_props, lm_props = split_properties(settings)
+        vision_props, _ = split_properties(settings)
         self.tokenizer = ov_genai.Tokenizer(str(model_dir))
         self.ids = TokenIds.of_model(model_dir)
         self.vision = VisionEncoder(core, model_dir, settings.device, vision_props,
                                     int(settings.image_cache_mb * 2**20))
-        self.lm = (language_model(settings, model_dir) if language_model is not None
-                   else StatefulLM(core, model_dir, settings.device, lm_props))
+        self.lm = (language_model or PagedLM)(settings, model_dir)
         self.grammars = Grammars(model_dir, self.lm.vocab_size, self.ids.eos)
         self.answer_ids = AnswerIds()
         self._model_dir = model_dir

@@ -180,6 +180,14 @@ def pipeline_properties(settings) -> dict[str, Any]:
     return properties
 
 
+def split_properties(settings) -> tuple[dict, dict]:
+    """(vision, language model) compile properties from the same settings genai gets (its MODEL_PROPERTIES is
+    genai's per-sub-model form)."""
+    base = pipeline_properties(settings)
+    per_model = base.pop("MODEL_PROPERTIES", {})
+    return base, {**base, **per_model.get("language_model", {})}
+
+
 BF16 = ("avx512_bf16", "amx_bf16")  # where the CPU plugin computes in bf16 unless told otherwise
 VNNI = ("avx512_vnni", "avx_vnni", "amx_int8")  # what its int8 dynamic-quantisation kernels need
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from service.engine.errors import APIError
 from service.engine.stateful_lm import Prompt, common_prefix
 
 SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of n_ctx tokens
@@ -98,7 +99,9 @@ class KeptSequences:
         s = self._choose(prompt.keys, self._sequences)
         self._active = s
         keep = self._keep(s, prompt)
-        self._make_room(len(prompt.keys) - keep, s)
+        if not self._make_room(len(prompt.keys) - keep, s):
+            raise APIError(f"the prompt ({len(prompt.ids)} tokens) does not fit in the language model's context of "
+                           f"{self.n_ctx} tokens: raise {self.context_setting}", 400, code="context_length_exceeded")
         *_, logits = self.feed(s, prompt, keep, len(prompt.ids))
         return logits, keep
 

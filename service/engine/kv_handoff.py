@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine.direct_pipeline import split_properties
+from service.engine.genai import split_properties
 from service.engine.stateful_lm import Prompt, StatefulLM
 
 GGML_TYPES = {0: np.float32, 1: np.float16}  # ggml_type ids of the cache types written here

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine.direct_pipeline import split_properties
+from service.engine.genai import split_properties
 from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence
 from service.engine.stateful_lm import Prompt, prompt_rows
 

@@ -84,6 +84,20 @@ def test_a_follow_up_reuses_the_answer_as_it_was_generated(tiny_model):
     assert kept == len(answer.prompt.ids) + len(letters) - 1
 
 
+def test_two_conversations_taking_turns_each_keep_their_kv(direct, client):
+    """A, B, then A's and B's follow-ups: each finds its own turns kept (the direct engine keeps the KV of its last
+    few conversations, service.engine.kept_sequences, not only the last one's)."""
+    firsts = [[image_message(q, png_bytes((96, 72), c))]
+              for q, c in (("Describe it.", (210, 40, 40)), ("What shape is it?", (40, 40, 210)))]
+    answers = [_ask(client, f) for f in firsts]
+    for first, answer in zip(firsts, answers, strict=True):
+        reused0 = direct.metric(REUSED)
+        follow = [*first, {"role": "assistant", "content": answer.choices[0].message.content},
+                  {"role": "user", "content": "Why?"}]
+        _ask(client, follow)
+        assert direct.metric(REUSED) - reused0 >= answer.usage.prompt_tokens
+
+
 def test_web_ui_session_follow_up_reuses_the_image(direct, tmp_path):
     picture = tmp_path / "picture.png"
     picture.write_bytes(png_bytes((100, 140), (200, 120, 10)))
@@ -142,14 +156,16 @@ def test_the_genai_engine_encodes_every_image_of_every_prompt(tiny_model, tmp_pa
         serial.stop()
 
 
-# f32 without dynamic quantisation on both sides: the reference comparison is of the arithmetic, so activations are
-# not rounded to int8 (in groups that would differ between the two sides' settings).
+# f32 without dynamic quantisation on both sides, and an f32 KV cache (_settings): the reference comparison is of the
+# arithmetic, so activations are not rounded to int8 (in groups that would differ between the two sides' settings),
+# nor the prompt's keys and values to the cache's u8 (the paged attention reads them back from the cache).
 EXACT = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
 def _settings(model_dir) -> types.SimpleNamespace:
     return types.SimpleNamespace(model_dir=model_dir, device="CPU", threads=0, precision="f32", lm_precision="f32",
-                                 dq_group_size="0", kv_precision="auto", model_cache_dir=None, image_cache_mb=64)
+                                 dq_group_size="0", kv_precision="f32", model_cache_dir=None, image_cache_mb=64,
+                                 kv_cache_gb=1)
 
 
 def _conversation(question: str) -> Conversation:

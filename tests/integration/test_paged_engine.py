@@ -1,7 +1,7 @@
 """The paged engine (VLFLEET_ENGINE=paged) on the tiny model: the artifact's OpenVINO language model over a paged KV
-cache, several conversations per decode step. Its logits equal the direct engine's, a batched step gives each
-conversation its own logits, a follow-up runs the vision encoder 0 times, two conversations keep their own KV, and
-concurrent answers share decode steps. The answer cache is off: every answer here comes from the engine."""
+cache, several conversations per decode step (the direct engine's language model too, one conversation at a time).
+Its logits equal the stateful model's, a batched step gives each conversation its own logits, a follow-up runs the
+vision encoder 0 times, two conversations keep their own KV, and concurrent answers share decode steps. The answer cache is off: every answer here comes from the engine."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from tests.integration.test_hybrid_engine import (  # the hybrid engine's HTTP c
 
 ENV = {"VLFLEET_ANSWER_CACHE_MB": "0"}
 # The same IR, both sides in f32 with an f32 KV cache: what differs is the attention kernel (paged against the
-# stateful model's) and the order of its sums. Measured on the tiny model: 4e-7 of the largest logit.
+# stateful model's SDPA, service.engine.stateful_lm) and the order of its sums. Measured on the tiny model: 4e-7 of
+# the largest logit.
 TOLERANCE = 1e-5
 
 
@@ -54,18 +55,28 @@ def _settings(ir, **overrides) -> types.SimpleNamespace:
         "max_input_tokens": 4096, "max_tokens": 64, "log_level": "info", **overrides})
 
 
+def _stateful(settings, model_dir):
+    """The artifact's stateful language model (what kv_handoff computes prompts with): the reference here."""
+    import openvino as ov
+
+    from service.engine.genai import split_properties
+    from service.engine.stateful_lm import StatefulLM
+
+    return StatefulLM(ov.Core(), model_dir, settings.device, split_properties(settings)[1])
+
+
 def _close(a, b) -> None:
     np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE * float(np.abs(b).max()))
 
 
-def test_logits_equal_the_direct_engines(fp16_ir):
+def test_logits_equal_the_stateful_models(fp16_ir):
     """Prefill (text, image embeddings with their deepstack features, M-RoPE positions), decode steps, and a
-    follow-up continued from the kept KV: the last position's logits equal the direct engine's (StatefulLM)."""
+    follow-up continued from the kept KV: the last position's logits equal the stateful model's."""
     from service.engine.direct_pipeline import DirectPipeline, Generation
     from service.engine.paged_lm import PagedLM
 
     settings = _settings(fp16_ir)
-    direct, paged = DirectPipeline(settings), DirectPipeline(settings, language_model=PagedLM)
+    direct, paged = DirectPipeline(settings, language_model=_stateful), DirectPipeline(settings, language_model=PagedLM)
     first = _conversation("Describe this image.", (150, 100))
     follow = Conversation((*first.turns, Turn("assistant", "a picture"), Turn("user", "Which colour?")))
     for conv in (first, follow):
@@ -96,7 +107,7 @@ def test_a_batched_step_gives_each_sequence_its_own_logits(fp16_ir, chunk):
         *_, logits = lm.feed(s, prompt, keep, chunk)
         seqs.append((s, int(np.argmax(logits)), prompt.next_position))
         whole.append(logits)
-    reference = DirectPipeline(_settings(fp16_ir))
+    reference = DirectPipeline(_settings(fp16_ir), language_model=_stateful)
     for prompt, logits in zip(prompts, whole, strict=True):
         _close(logits, reference.lm.prefill(prompt)[0])  # chunked or not, the prompt's logits
     together = lm.step_many(seqs)
