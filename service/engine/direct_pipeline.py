@@ -71,7 +71,7 @@ class DirectPipeline:
         return self.tokenizer
 
     def trim(self) -> None:
-        """Forget kept images and the conversation's KV (memory pressure)."""
+        """Forget kept images and the conversations' KV (memory pressure)."""
         self.vision.trim()
         self.lm.reset()
 

@@ -125,17 +125,17 @@ FIELDS: tuple[Field, ...] = (
     Field("port", _int_range(1, 65535), 8000, "TCP port to listen on."),
     Field("device", _choice("CPU"), "CPU", "OpenVINO device."),
     Field("engine", _choice("direct", "serial", "batching", "llamacpp", "hybrid", "paged"), "direct",
-          "direct: one request at a time over the artifact's sub-models, keeping encoded images and the "
-          "conversation's KV, so a follow-up re-runs neither the vision encoder nor the earlier turns. serial: one "
+          "direct: one request at a time over the artifact's sub-models, keeping encoded images and the last few "
+          "conversations' KV, so a follow-up re-runs neither the vision encoder nor the earlier turns. serial: one "
           "genai VLMPipeline, one request at a time. batching: a "
           "ContinuousBatchingPipeline whose decode steps serve several requests at once. llamacpp: a private "
           "llama-server child on a GGUF artifact (made by `vlfleet model.gguf`: VLFLEET_LLAMACPP_MODEL_DIR, else "
           "VLFLEET_MODEL_DIR), one request at a time; decodes faster, first token slower (docs/engines.md). "
           "hybrid: the direct engine's OpenVINO vision tower in front of llama.cpp's language model (the GGUF "
           "artifact of VLFLEET_LLAMACPP_MODEL_DIR, in a child process): up to VLFLEET_MAX_BATCH requests at once "
-          "sharing decode steps, each conversation's KV kept. paged: the direct engine with its language model "
-          "over a paged KV cache (VLFLEET_KV_CACHE_GB): up to VLFLEET_MAX_BATCH requests at once sharing decode "
-          "steps, each conversation's KV and images kept. `vlfleet tune` picks per host."),
+          "sharing decode steps, each conversation's KV kept. paged: the direct engine serving up to "
+          "VLFLEET_MAX_BATCH requests at once, sharing decode steps, each conversation's KV and images kept. "
+          "`vlfleet tune` picks per host."),
     Field("llamacpp_server", _path, None,
           "The llama-server binary the llamacpp engine runs (`vlfleet llamacpp.build` builds one); unset = the "
           "one in the installed vlfleet-llama-server wheel (`vlfleet llamacpp.wheel`, shipped in the wheelhouse), "
@@ -164,7 +164,7 @@ FIELDS: tuple[Field, ...] = (
     Field("max_batch", _int_range(1, 256), 4,
           "Requests generating at once (batching engine; hybrid and paged: at most 4)."),
     Field("kv_cache_gb", _int_range(1, 1024), 2,
-          "KV-cache size in GiB (batching and paged engines); it also holds the prefix cache that makes "
+          "KV-cache size in GiB (direct, batching and paged engines); it also holds the prefix cache that makes "
           "follow-ups cheaper."),
     Field("threads", _int_range(0, 1024), 0,
           "OpenVINO inference threads; 0 = one per CPU in the process's affinity mask (the launcher sets it)."),

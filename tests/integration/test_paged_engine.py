@@ -1,7 +1,8 @@
 """The paged engine (VLFLEET_ENGINE=paged) on the tiny model: the artifact's OpenVINO language model over a paged KV
 cache, several conversations per decode step (the direct engine's language model too, one conversation at a time).
 Its logits equal the stateful model's, a batched step gives each conversation its own logits, a follow-up runs the
-vision encoder 0 times, two conversations keep their own KV, and concurrent answers share decode steps. The answer cache is off: every answer here comes from the engine."""
+vision encoder 0 times, two conversations keep their own KV, and concurrent answers share decode steps; a prompt the
+cache cannot hold is a 400. The answer cache is off: every answer here comes from the engine."""
 
 from __future__ import annotations
 
@@ -119,3 +120,23 @@ def test_a_batched_step_gives_each_sequence_its_own_logits(fp16_ir, chunk):
     for s, _, _ in seqs:
         lm.forget(s)
     assert len(lm._free) == free
+
+
+def test_a_prompt_the_cache_cannot_hold_is_a_400_naming_the_setting(fp16_ir):
+    """One conversation at a time (the direct engine): a prompt longer than the cache holds is the client's 400
+    naming VLFLEET_KV_CACHE_GB, before any of it is computed, and the next prompt that fits is answered."""
+    from service.engine.direct_pipeline import DirectPipeline, Generation
+    from service.engine.errors import APIError
+
+    pipe = DirectPipeline(_settings(fp16_ir))
+    prompt = pipe.prompt(_conversation("Describe this image.", (150, 100)), Generation())
+    pipe.lm.n_ctx = len(prompt.ids) - 1  # as if VLFLEET_KV_CACHE_GB held one token fewer
+    with pytest.raises(APIError) as raised:
+        pipe.lm.prefill(prompt)
+    error = raised.value
+    assert (error.status, error.code) == (400, "context_length_exceeded")
+    assert "VLFLEET_KV_CACHE_GB" in error.message and str(len(prompt.ids)) in error.message
+    assert pipe.lm.keys == [] and len(pipe.lm._free) == pipe.lm.n_blocks
+    pipe.lm.n_ctx = len(prompt.ids)
+    logits, kept = pipe.lm.prefill(prompt)
+    assert kept == 0 and logits.shape == (pipe.lm.vocab_size,)
