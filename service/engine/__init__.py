@@ -9,9 +9,9 @@ HTTP threads submit a Job and read its typed events; only the inference thread t
 - ``batching``: BatchingEngine, a ContinuousBatchingPipeline whose requests share decode steps.
 - ``genai``: the OpenVINO GenAI specifics both engines share: prompt, generation config, pipeline loading.
 - ``direct``: DirectEngine (the default), one request at a time over the artifact's sub-models (``vision``: the
-  vision encoder with kept results; ``paged_lm``: the language model, its last few conversations' KV kept;
-  ``direct_pipeline``: prompt, sampling and text out; ``stateful_lm``: the exported stateful form, prompt
-  positions and rows).
+  vision encoder with kept results; ``prompt``: a conversation's tokens, positions and rows as the language model
+  takes them; ``paged_lm``: the language model, its last few conversations' KV kept; ``direct_pipeline``: prompt,
+  sampling and text out).
 - ``llamacpp``: LlamaCppEngine, a private llama-server child process on a GGUF artifact (``llamacpp_child``
   starts, watches and stops it; ``llamacpp_api`` is what is said to it).
 - ``hybrid``: HybridEngine, the direct engine with llama.cpp's language model (``llama_lm``, in the child process

@@ -25,7 +25,7 @@ from service.engine.detokenize import IncrementalDecoder
 from service.engine.genai import render_prompt, split_properties
 from service.engine.logprobs import TokenBytes, from_logits
 from service.engine.paged_lm import PagedLM
-from service.engine.stateful_lm import Prompt, TokenIds, expand_images
+from service.engine.prompt import Prompt, TokenIds, expand_images
 from service.engine.structured import Grammars
 from service.engine.vision import VisionEncoder
 

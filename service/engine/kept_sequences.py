@@ -2,8 +2,8 @@
 (service.engine.llama_lm's llama.cpp sequences, service.engine.paged_lm's OpenVINO paged cache).
 
 A prompt goes to the sequence whose kept tokens share the longest prefix with it (image tokens compared by the
-image's digest, as in StatefulLM), is cut back to that prefix, and only the rest is computed. When the cache has no
-room for a prompt, the sequences used longest ago are forgotten first. A cut never falls inside an image: a prefix
+image's digest: service.engine.prompt), is cut back to that prefix, and only the rest is computed. When the cache has
+no room for a prompt, the sequences used longest ago are forgotten first. A cut never falls inside an image: a prefix
 that ends inside one keeps none of it (llama.cpp cuts by position, and all of an image's tokens share their first).
 
 A subclass says how a sequence's KV is cut (``_cut_kv``), how a prompt is computed into it (``feed``) and how one
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service.engine.errors import APIError
-from service.engine.stateful_lm import Prompt, common_prefix
+from service.engine.prompt import Prompt, common_prefix
 
 SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of n_ctx tokens
 SAME_CONVERSATION = 0.5  # the share of a sequence's tokens a prompt must start with to continue it
@@ -28,7 +28,7 @@ SAME_CONVERSATION = 0.5  # the share of a sequence's tokens a prompt must start 
 @dataclass
 class Sequence:
     seq: int
-    keys: list = field(default_factory=list)  # one per kept token (StatefulLM's keys)
+    keys: list = field(default_factory=list)  # one per kept token (Prompt.keys)
     starts: list[int] = field(default_factory=list)  # each kept token's first M-RoPE position: what a cut is by
     used: float = 0.0
     busy: bool = False  # claimed by an answer being generated
@@ -52,7 +52,7 @@ def segments(prompt: Prompt, keep: int):
 
 
 class KeptSequences:
-    """StatefulLM's interface (prefill, step, reset, keys, vocab_size) for one conversation at a time; and, for
+    """For one conversation at a time (DirectPipeline.generate): prefill, step, reset, keys, vocab_size; and, for
     several at once (the batched engines' loop, service.engine.hybrid), ``claim`` a sequence, ``feed`` its prompt
     in chunks, ``step_many`` one decode step for all, ``release`` it. Subclasses set ``n_ctx`` (tokens the cache
     holds), ``vocab_size`` and ``context_setting`` (the setting that makes the cache larger)."""

@@ -2,7 +2,7 @@
 
 Where the hybrid engine runs (AMD EPYC: docs/engines.md), llama.cpp decodes faster than OpenVINO but computes a
 prompt about half as fast (OpenVINO's int8 kernels take the prefill's matmuls). So a new conversation's prompt is
-computed by the artifact's own OpenVINO language model (service.engine.stateful_lm, a state used only for this), and
+computed by the artifact's own OpenVINO language model (service.engine.paged_lm, a cache used only for this), and
 its keys and values go into the conversation's llama.cpp sequence; the answer's tokens, and the follow-ups' new
 turns, are llama.cpp's.
 
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine.genai import split_properties
-from service.engine.stateful_lm import Prompt, StatefulLM
+from service.engine.paged_lm import PagedLM
+from service.engine.prompt import Prompt
 
 GGML_TYPES = {0: np.float32, 1: np.float16}  # ggml_type ids of the cache types written here
 NO_TOKEN = -1  # LLAMA_TOKEN_NULL: a cell made from an embedding row (an image token)
@@ -127,12 +127,9 @@ class OpenVINOPrefill:
     """The artifact's OpenVINO language model, computing new prompts into llama.cpp's serialised form."""
 
     def __init__(self, settings, model_dir: Path, layout: Layout):
-        import openvino as ov
-
-        _, props = split_properties(settings)
-        if settings.kv_precision == "auto":  # llama.cpp's cache is f16: a u8 state would add its rounding
-            props["KV_CACHE_PRECISION"] = "f16"
-        self._lm = StatefulLM(ov.Core(), model_dir, settings.device, props)
+        # llama.cpp's cache is f16: a u8 cache (the plugin's default) would add its rounding, and kv reads none.
+        self._lm = PagedLM(settings, model_dir, kv_precision="f32" if settings.kv_precision == "f32" else "f16")
+        self._seq = self._lm._sequences[0]  # one prompt at a time, emptied before and after
         self.layout = layout
 
     @staticmethod
@@ -149,10 +146,10 @@ class OpenVINOPrefill:
         The state is emptied before and after (one abandoned half-way, its request gone, is emptied by the next)."""
         self._lm.reset()
         n = len(prompt.ids) - 1
-        for out in self._lm.feed(prompt, 0, chunk, n):
+        for out in self._lm.feed(self._seq, prompt, 0, chunk, n):
             if out is None:
                 yield None
                 continue
-            state = sequence_state(self.layout, prompt, *self._lm.kv(), n)
+            state = sequence_state(self.layout, prompt, *self._lm.kv(self._seq), n)
             self._lm.reset()
             yield state

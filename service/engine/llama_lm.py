@@ -1,5 +1,5 @@
-"""Qwen3-VL's language model in llama.cpp, with the interface of service.engine.stateful_lm.StatefulLM, for the hybrid
-engine: the images go through OpenVINO's vision tower (service.engine.vision) and their embeddings into llama.cpp.
+"""Qwen3-VL's language model in llama.cpp, a service.engine.kept_sequences.KeptSequences, for the hybrid engine:
+the images go through OpenVINO's vision tower (service.engine.vision) and their embeddings into llama.cpp.
 
 The model runs in a child process (service.engine.llama_worker) that owns libllama: a native crash there ends the
 request it was serving with an error, and the next request starts a new child, instead of taking the service down.
@@ -39,7 +39,7 @@ from service.engine.llamacpp_child import (
     installed_package,
     threads,
 )
-from service.engine.stateful_lm import Prompt
+from service.engine.prompt import Prompt
 from service.runtime.processes import die_with_parent
 
 log = logging.getLogger("vlfleet.engine")

@@ -20,7 +20,7 @@ import numpy as np
 
 from service.engine.genai import split_properties
 from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence
-from service.engine.stateful_lm import Prompt, prompt_rows
+from service.engine.prompt import Prompt, prompt_rows
 
 CACHE_PREFIX = ("key_cache.", "value_cache.")
 
@@ -29,11 +29,15 @@ class PagedLM(KeptSequences):
     context_setting = "VLFLEET_KV_CACHE_GB"
     runtime = "openvino"
 
-    def __init__(self, settings, model_dir: Path):
+    def __init__(self, settings, model_dir: Path, kv_precision: str | None = None):
+        """``kv_precision``: the cache's element type instead of VLFLEET_KV_PRECISION's (auto: the plugin's u8);
+        ``kv`` reads only an f16 or f32 cache."""
         import openvino as ov
 
         core = ov.Core()
         _, props = split_properties(settings)
+        if kv_precision:
+            props["KV_CACHE_PRECISION"] = kv_precision
         model = core.read_model(str(Path(model_dir) / "openvino_language_model.xml"))
         self._layers = _static(model.input("deepstack_visual_embeds").get_partial_shape()[0])
         self._hidden = model.input("inputs_embeds").get_partial_shape()[2].get_length()
@@ -49,11 +53,11 @@ class PagedLM(KeptSequences):
         self.block_size = min(i.get_partial_shape()[2].get_length() for i in caches)
         per_block = sum(_block_bytes(i) for i in caches)
         self.n_blocks = max(2 * SEQUENCES, int(settings.kv_cache_gb * 2**30) // per_block)
-        self._caches = []  # uninitialised: only the blocks handed out take memory (zeroed then, _grow)
+        self._caches = {}  # by input name; uninitialised: only the blocks handed out take memory (zeroed, _grow)
         for i in caches:
             shape = [self.n_blocks, *(d.get_length() for d in list(i.get_partial_shape())[1:])]
-            self._caches.append(ov.Tensor(i.get_element_type(), shape))
-            self._request.set_tensor(i.get_any_name(), self._caches[-1])
+            self._caches[i.get_any_name()] = ov.Tensor(i.get_element_type(), shape)
+            self._request.set_tensor(i.get_any_name(), self._caches[i.get_any_name()])
         # A sequence's last block is partly empty: n_ctx leaves one block per sequence for it, so a claim the
         # token count allows always finds its blocks.
         self.n_ctx = (self.n_blocks - SEQUENCES) * self.block_size
@@ -64,8 +68,10 @@ class PagedLM(KeptSequences):
         self._forget_all()
         self._free = list(range(self.n_blocks))
 
-    def feed(self, s: Sequence, prompt: Prompt, keep: int, chunk: int) -> Iterator[np.ndarray | None]:
-        n = len(prompt.ids)
+    def feed(self, s: Sequence, prompt: Prompt, keep: int, chunk: int,
+             end: int | None = None) -> Iterator[np.ndarray | None]:
+        """KeptSequences.feed, up to ``end`` (default: all of the prompt)."""
+        n = len(prompt.ids) if end is None else end
         for a in range(keep, n, chunk):
             b = min(a + chunk, n)
             self._grow(s, b)
@@ -73,6 +79,18 @@ class PagedLM(KeptSequences):
             logits = self._infer([(s, b - a)], embeds, prompt.positions[:, a:b], mask, deepstack)
             self._kept(s, prompt, a, b)
             yield logits[0] if b == n else None
+
+    def kv(self, s: Sequence) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The keys and values ``s`` holds, one (tokens, kv heads x head size) array per layer, in layer order
+        (service.engine.kv_handoff hands them to llama.cpp). Blocks are (kv heads, block size, head size)."""
+        n, found = len(s.keys), {}
+        for name, cache in self._caches.items():
+            if cache.get_element_type().bitwidth < 16:
+                raise ValueError(f"{name} is {cache.get_element_type()}: kv reads an f16 or f32 cache")
+            blocks = cache.data[s.blocks]  # (blocks, kv heads, block size, head size)
+            found[name] = blocks.transpose(0, 2, 1, 3).reshape(-1, blocks.shape[1] * blocks.shape[3])[:n]
+        layers = range(len(found) // 2)
+        return [found[f"{CACHE_PREFIX[0]}{i}"] for i in layers], [found[f"{CACHE_PREFIX[1]}{i}"] for i in layers]
 
     def step_many(self, steps: list[tuple[Sequence, int, int]]) -> np.ndarray:
         for s, _, _ in steps:
@@ -112,7 +130,7 @@ class PagedLM(KeptSequences):
                               f"raise {self.context_setting}")
         for _ in range(need):
             block = self._free.pop()
-            for cache in self._caches:
+            for cache in self._caches.values():
                 cache.data[block] = 0
             s.blocks.append(block)
 

@@ -23,8 +23,8 @@ from tests.integration.test_hybrid_engine import (  # the hybrid engine's HTTP c
 
 ENV = {"VLFLEET_ANSWER_CACHE_MB": "0"}
 # The same IR, both sides in f32 with an f32 KV cache: what differs is the attention kernel (paged against the
-# stateful model's SDPA, service.engine.stateful_lm) and the order of its sums. Measured on the tiny model: 4e-7 of
-# the largest logit.
+# stateful model's SDPA, tests/integration/stateful_reference.py) and the order of its sums. Measured on the tiny
+# model: 4e-7 of the largest logit.
 TOLERANCE = 1e-5
 
 
@@ -57,11 +57,11 @@ def _settings(ir, **overrides) -> types.SimpleNamespace:
 
 
 def _stateful(settings, model_dir):
-    """The artifact's stateful language model (what kv_handoff computes prompts with): the reference here."""
+    """The artifact's language model in its exported stateful form: the reference here."""
     import openvino as ov
 
     from service.engine.genai import split_properties
-    from service.engine.stateful_lm import StatefulLM
+    from tests.integration.stateful_reference import StatefulLM
 
     return StatefulLM(ov.Core(), model_dir, settings.device, split_properties(settings)[1])
 

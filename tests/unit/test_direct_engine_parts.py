@@ -7,8 +7,8 @@ import numpy as np
 
 from service.engine.conversation import Sampling
 from service.engine.direct_pipeline import TextOut, pick
+from service.engine.prompt import common_prefix, expand_images, mrope_positions
 from service.engine.prompt_limits import VisionGrid
-from service.engine.stateful_lm import common_prefix, expand_images, mrope_positions
 from service.engine.vision import EncodedImage, VisionConfig, merge_order, patches
 
 IMG = 7

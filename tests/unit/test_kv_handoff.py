@@ -11,7 +11,7 @@ import pytest
 
 from service.engine import kv_handoff
 from service.engine.kv_handoff import Layout, LayoutError, sequence_state
-from service.engine.stateful_lm import Prompt
+from service.engine.prompt import Prompt
 from service.engine.vision import EncodedImage
 
 WIDTH, LAYERS = 6, 3

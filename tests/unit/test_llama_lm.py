@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.engine import kv_handoff, llama_lm, llama_worker
-from service.engine.stateful_lm import Prompt
+from service.engine.prompt import Prompt
 from service.engine.vision import EncodedImage
 
 HIDDEN, LAYERS = 4, 2
