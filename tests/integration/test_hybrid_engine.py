@@ -236,6 +236,50 @@ def test_a_batched_step_gives_each_sequence_its_own_logits(fp16_pair, conversati
     lm.close()
 
 
+def test_a_sequence_continued_where_its_cells_lie_otherwise_gets_the_same_logits(fp16_pair):
+    """The same prompt in three sequences, fed and stepped as the engine's loop runs them (one chunk of a prompt, then
+    a decode step for the others), released, then asked again: each is cut back and continued in cells the cache now
+    lays out otherwise (its answer's cells freed between the others'). Every first token's logits are the first
+    answer's (within 1e-5 of the largest: what differs is the order of f32 sums). With llama.cpp's flash attention,
+    which sums an f16 cache's values in f16 in cell order, they were not: the shim turns it off."""
+    from service.engine.conversation import Conversation, Turn
+    from service.engine.direct_pipeline import DirectPipeline, Generation
+    from service.engine.llama_lm import LlamaLM
+
+    pipe = DirectPipeline(_settings(*fp16_pair, "openvino"), language_model=LlamaLM)
+    lm = pipe.lm
+    prompt = pipe.prompt(Conversation((Turn("user", "Name three colours, then three shapes."),)), Generation())
+    firsts = []
+
+    def answer(n: int, tokens: int = 6) -> None:
+        running = []
+        for _ in range(n):
+            s, keep = lm.claim(prompt, tokens)
+            running.append({"seq": s, "feed": lm.feed(s, prompt, keep, 16), "logits": None, "ids": []})
+        while any(len(r["ids"]) < tokens for r in running):
+            filling = next((r for r in running if r["feed"] is not None), None)
+            if filling is not None and (out := next(filling["feed"])) is not None:
+                filling["logits"], filling["feed"] = out, None
+                firsts.append(out)
+            stepping = [r for r in running if r["feed"] is None and len(r["ids"]) < tokens]
+            for r in stepping:
+                r["ids"].append(int(np.argmax(r["logits"])))
+            if stepping:
+                rows = lm.step_many([(r["seq"], r["ids"][-1], prompt.next_position + len(r["ids"]) - 1)
+                                     for r in stepping])
+                for r, row in zip(stepping, rows, strict=True):
+                    r["logits"] = row
+        for r in running:
+            lm.release(r["seq"])
+
+    for n in (1, 3, 3):
+        answer(n)
+    lm.close()
+    assert len(firsts) == 7
+    for got in firsts[1:]:
+        np.testing.assert_allclose(got, firsts[0], rtol=0, atol=1e-5 * float(np.abs(firsts[0]).max()))
+
+
 def _cells_and_kv(layout, blob: bytes, tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """A serialised sequence (service.engine.kv_handoff's layout) as its cells (without the sequence id, which
     llama.cpp discards on a read) and all its keys and values, as f32."""
