@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from service.engine.direct import DirectEngine, Running
 from service.engine.direct_pipeline import Answer, DirectPipeline
-from service.engine.errors import APIError
 from service.engine.job import FINISHED, RUNNING, Job
 from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence
 from service.engine.llama_lm import LlamaLM
@@ -97,12 +96,7 @@ class HybridEngine(DirectEngine):
                     continue
             claimed = self.pipeline.lm.claim(r.answer.prompt, r.job.sampling.max_tokens)
             if claimed is None and not running:  # alone, it can never fit: a setting, not a wait
-                self._drop(r, APIError(
-                    f"the prompt ({len(r.answer.prompt.ids)} tokens) and its max_tokens "
-                    f"({r.job.sampling.max_tokens}) do not fit in the language model's context of "
-                    f"{self.pipeline.lm.n_ctx} tokens: raise {self.pipeline.lm.context_setting}, or ask for fewer "
-                    "tokens",
-                    400, code="context_length_exceeded"))
+                self._drop(r, self.pipeline.lm.too_long(len(r.answer.prompt.ids), r.job.sampling.max_tokens))
                 continue
             if claimed is None:
                 waiting.appendleft(r)

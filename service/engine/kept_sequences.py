@@ -85,6 +85,10 @@ class KeptSequences:
         """One decode step: token of each (sequence, token, position) at its position; (len(steps), vocab) logits."""
         raise NotImplementedError
 
+    def reset(self) -> None:
+        """Forget every sequence's KV."""
+        raise NotImplementedError
+
     def prefill_on(self, tokens: int, keep: int) -> str:
         """The runtime that computes a prompt of ``tokens`` whose first ``keep`` the sequence holds."""
         return self.runtime
@@ -100,10 +104,24 @@ class KeptSequences:
         self._active = s
         keep = self._keep(s, prompt)
         if not self._make_room(len(prompt.keys) - keep, s):
-            raise APIError(f"the prompt ({len(prompt.ids)} tokens) does not fit in the language model's context of "
-                           f"{self.n_ctx} tokens: raise {self.context_setting}", 400, code="context_length_exceeded")
+            raise self.too_long(len(prompt.ids))
         *_, logits = self.feed(s, prompt, keep, len(prompt.ids))
         return logits, keep
+
+    def too_long(self, prompt_tokens: int, answer_tokens: int | None = None) -> APIError:
+        """The 400 for a request the cache cannot hold even alone: a setting to raise, not a wait."""
+        what = f"the prompt ({prompt_tokens} tokens)"
+        if answer_tokens is not None:
+            what += f" and its max_tokens ({answer_tokens})"
+        fix = f"raise {self.context_setting}" + ("" if answer_tokens is None else ", or ask for fewer tokens")
+        return APIError(f"{what} cannot fit in the language model's context of {self.n_ctx} tokens: {fix}",
+                        400, code="context_length_exceeded")
+
+    def scratch(self) -> Sequence:
+        """Every sequence forgotten, the first one returned: for a caller that computes one prompt at a time and keeps
+        nothing (service.engine.kv_handoff)."""
+        self.reset()
+        return self._sequences[0]
 
     def step(self, token: int, position: int) -> np.ndarray:
         self._make_room(1, self._active)

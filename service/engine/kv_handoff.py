@@ -129,7 +129,6 @@ class OpenVINOPrefill:
     def __init__(self, settings, model_dir: Path, layout: Layout):
         # llama.cpp's cache is f16: a u8 cache (the plugin's default) would add its rounding, and kv reads none.
         self._lm = PagedLM(settings, model_dir, kv_precision="f32" if settings.kv_precision == "f32" else "f16")
-        self._seq = self._lm._sequences[0]  # one prompt at a time, emptied before and after
         self.layout = layout
 
     @staticmethod
@@ -144,12 +143,11 @@ class OpenVINOPrefill:
         last, then their KV as llama.cpp's serialised sequence. The last token is llama.cpp's to compute, so every
         token is drawn from llama.cpp's logits: a prompt asked again, continued from this KV, gives the same answer.
         The state is emptied before and after (one abandoned half-way, its request gone, is emptied by the next)."""
-        self._lm.reset()
-        n = len(prompt.ids) - 1
-        for out in self._lm.feed(self._seq, prompt, 0, chunk, n):
+        seq, n = self._lm.scratch(), len(prompt.ids) - 1
+        for out in self._lm.feed(seq, prompt, 0, chunk, n):
             if out is None:
                 yield None
                 continue
-            state = sequence_state(self.layout, prompt, *self._lm.kv(self._seq), n)
+            state = sequence_state(self.layout, prompt, *self._lm.kv(seq), n)
             self._lm.reset()
             yield state
