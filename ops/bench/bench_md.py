@@ -180,15 +180,22 @@ def peer_section(results: dict) -> list[str]:
     return out
 
 
+def _step_rows(steps: dict, padded: bool = False) -> list[list[str]]:
+    """Each step size's row: ms, against one sequence's, and tokens per step-time against one sequence's."""
+    one = next(r["ms_per_step"] for r in steps["rows"] if r["sequences"] == 1)
+    return [[str(r["sequences"])] + (["yes (a 4th row)" if r["padded"] else "no"] if padded else [])
+            + [num(r["ms_per_step"], 1), num(r["ms_per_step"] / one, 2, "x"),
+               num(r["sequences"] * one / r["ms_per_step"], 2, "x")] for r in steps["rows"]]
+
+
+STEP_HEADER = ["ms per step", "vs 1 sequence", "tokens per step-time vs 1 sequence"]
+
+
 def llama_steps_section(results: dict) -> list[str]:
     """The hybrid engine's batched decode step, by the sequences in it (ops.bench.llama_steps)."""
     steps = results.get("llama_steps")
     if not steps:
         return []
-    one = next(r["ms_per_step"] for r in steps["rows"] if r["sequences"] == 1)
-    rows = [[str(r["sequences"]), "yes (a 4th row)" if r["padded"] else "no", num(r["ms_per_step"], 1),
-             num(r["ms_per_step"] / one, 2, "x"), num(r["sequences"] * one / r["ms_per_step"], 2, "x")]
-            for r in steps["rows"]]
     return ["## llama.cpp decode step by sequences (the hybrid engine's batch)", "",
             f"One decode step for several sequences at once through the hybrid engine's interface to libllama, on the "
             f"peer's build and GGUF language model: {steps['threads']} threads, {steps['context']} tokens of context "
@@ -196,8 +203,20 @@ def llama_steps_section(results: dict) -> list[str]:
             "a batch's rows four at a time and each one left over alone; a step of 3 is timed as the engine runs "
             "it and with a fourth row (ops/llamacpp/vlfleet_llama.c), which the engine leaves off: it would change a "
             "seeded answer with what it is batched with.", "",
-            table(["sequences", "padded", "ms per step", "vs 1 sequence", "tokens per step-time vs 1 sequence"],
-                  rows), ""]
+            table(["sequences", "padded", *STEP_HEADER], _step_rows(steps, padded=True)), ""]
+
+
+def paged_steps_section(results: dict) -> list[str]:
+    """The paged engine's batched decode step, by the sequences in it (ops.bench.paged_steps)."""
+    steps = results.get("paged_steps")
+    if not steps:
+        return []
+    return ["## OpenVINO paged decode step by sequences (the paged engine's batch)", "",
+            f"One decode step for several sequences at once through the paged engine's language model "
+            f"(service/engine/paged_lm.py) on the int4 artifact, {steps['context']} tokens of context per sequence, "
+            f"median of {steps['steps']} steps (ops/bench/paged_steps.py). The 4-client targets' ceiling with this "
+            "engine's step takes its 4-sequence row.", "",
+            table(["sequences", *STEP_HEADER], _step_rows(steps)), ""]
 
 
 def tune_section(results: dict, key: str = "tune") -> list[str]:
@@ -360,6 +379,7 @@ def render(results: dict, charts: list[str] | None = None) -> str:
         out += ["## Concurrency (int4, each client its own 416-px image)", "", table(
             ["engine", "clients", "output tokens/s", "vs one client", "p50 first token (s)", "p95 first token (s)",
              "errors"], rows), ""]
+    out += paged_steps_section(results)
     ov = results.get("overhead")
     if ov:
         out += ["## HTTP+SSE vs in-process VLMPipeline (int4)", "", table(

@@ -17,6 +17,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 # (sequences, padded): every step size the engine takes, and 3 padded
@@ -35,17 +37,24 @@ def measure(lib: Path, gguf: Path, threads: int, context: int = 150, steps: int 
     for seq in range(SEQUENCES):
         model.tokens(seq, rng.integers(100, 20000, context), np.arange(context), False)
     at = [context] * SEQUENCES
-    rows = []
-    for n, pad in CASES:
-        wall = []
-        for _ in range(warmup + steps):
-            begin = time.perf_counter()
-            model.step(list(range(n)), rng.integers(100, 20000, n), at[:n], pad)
-            wall.append(time.perf_counter() - begin)
-            at[:n] = [p + 1 for p in at[:n]]
-        rows.append({"sequences": n, "padded": pad,
-                     "ms_per_step": round(1000 * statistics.median(wall[warmup:]), 2)})
+
+    def step(n: int, pad: bool) -> None:
+        model.step(list(range(n)), rng.integers(100, 20000, n), at[:n], pad)
+        at[:n] = [p + 1 for p in at[:n]]
+
+    rows = [{"sequences": n, "padded": pad, "ms_per_step": timed(partial(step, n, pad), steps, warmup)}
+            for n, pad in CASES]
     return {"threads": threads, "context": context, "steps": steps, "rows": rows}
+
+
+def timed(call: Callable[[], object], steps: int, warmup: int) -> float:
+    """Median ms of ``steps`` calls after ``warmup``."""
+    wall = []
+    for _ in range(warmup + steps):
+        begin = time.perf_counter()
+        call()
+        wall.append(time.perf_counter() - begin)
+    return round(1000 * statistics.median(wall[warmup:]), 2)
 
 
 def run_subprocess(lib: Path, gguf: Path, threads: int | None = None, timeout: float = 600) -> dict:

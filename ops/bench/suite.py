@@ -411,6 +411,18 @@ def llama_steps(b: Bench) -> Iterator[dict]:
     yield {"llama_steps": result}
 
 
+def paged_steps(b: Bench) -> Iterator[dict]:
+    """The paged engine's decode step by the sequences in it, on the int4 artifact (ops.bench.paged_steps)."""
+    from ops.bench import paged_steps as steps
+
+    if "paged" not in b.plan.engines:
+        return
+    result = steps.run_subprocess(b.artifact("int4"))
+    b.say("paged decode step by sequences: " + ", ".join(
+        f"{r['sequences']} {r['ms_per_step']:.1f} ms" for r in result["rows"]))
+    yield {"paged_steps": result}
+
+
 def tune(b: Bench) -> Iterator[dict]:
     yield {"tune": tune_engines(b.plan, b.artifact, b.peer_inputs, b.say)}
 
@@ -463,6 +475,7 @@ def table(engines: tuple[str, ...], default_engine: str) -> tuple[Section, ...]:
         Section("images", images_full_size, requires=("int4",)),
         *(Section(f"engine {engine}", partial(other_engine, engine=engine), requires=("int4",),
                   when=("followup", "structured", "concurrency")) for engine in engines if engine != default_engine),
+        Section("concurrency", paged_steps),  # what the 4-client ceiling of the paged engine takes its step from
         Section("overhead", overhead),
         Section("peer", peer),
         Section("peer", llama_steps, requires=("peer",)),  # not after a peer that crashed

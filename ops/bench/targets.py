@@ -55,15 +55,26 @@ def _level(levels: list[dict] | None, clients: int) -> dict | None:
     return next((lv for lv in levels or [] if lv.get("clients") == clients), None)
 
 
-def throughput_ceiling(one: dict, clients: int) -> float | None:
+def throughput_ceiling(one: dict, clients: int, step_ratio: float = 1.0) -> float | None:
     """The most ``clients`` answers at once can gain over one at a time on this machine, from the one-client level:
     each first token (image encoding and prefill) takes every core, so they run one after another, while the
-    decode steps after them are shared at no extra cost (the best case of batching). One answer takes A seconds,
-    P of them to its first token: N answers take at least N*P + (A - P)."""
+    decode steps after them are shared, each costing ``step_ratio`` times one answer's step (1: the best case of
+    batching). One answer takes A seconds, P of them to its first token: N answers take at least
+    N*P + (A - P) * step_ratio."""
     if not one.get("requests") or not one.get("first_token_p50_s"):
         return None
     answer, first = one["wall_s"] / one["requests"], one["first_token_p50_s"]
-    return clients * answer / (clients * first + max(answer - first, 0.0))
+    return clients * answer / (clients * first + max(answer - first, 0.0) * step_ratio)
+
+
+STEP_TABLES = {"paged": "paged_steps", "hybrid": "llama_steps"}  # each batching engine's measured step sizes
+
+
+def step_ratio(results: dict, engine: str, sequences: int) -> float | None:
+    """The engine's decode step of ``sequences`` over its step of one, from this run's step table (unpadded)."""
+    rows = dig(results, STEP_TABLES.get(engine, ""), "rows") or []
+    ms = {r["sequences"]: r["ms_per_step"] for r in rows if not r.get("padded")}
+    return ms[sequences] / ms[1] if sequences in ms and ms.get(1) else None
 
 
 def _either_way(measured: float | None) -> str:
@@ -215,6 +226,10 @@ def evaluate(results: dict) -> list[Target]:
         notes = ([f"{vs_best:.2f}x the fastest engine's one client"] if vs_best is not None else []) + (
             [f"ceiling on this machine {ceiling:.2f}x (4 first tokens one after another, each on every core)"]
             if ceiling is not None else [])
+        step = step_ratio(results, engine, 4)
+        if ceiling is not None and step is not None:
+            notes.append(f"{throughput_ceiling(one, 4, step):.2f}x with this engine's 4-sequence decode step "
+                         f"({step:.2f}x one's, this run)")
         targets += [
             Target(f"c4-throughput-{engine}", f"4 clients ({engine} engine): aggregate tokens/s / one client's",
                    ratio(four["tokens_per_s"], one["tokens_per_s"]), 2.5, "x", higher_is_better=True,

@@ -140,3 +140,16 @@ def test_a_prompt_the_cache_cannot_hold_is_a_400_naming_the_setting(fp16_ir):
     pipe.lm.n_ctx = len(prompt.ids)
     logits, kept = pipe.lm.prefill(prompt)
     assert kept == 0 and logits.shape == (pipe.lm.vocab_size,)
+
+
+def test_the_bench_times_a_step_of_each_size_through_the_engines_language_model(fp16_ir):
+    """ops.bench.paged_steps, in its own interpreter as the bench runs it: a row per step size the engine takes; a
+    model it cannot load is a failure that says so, not a hang or a traceback in the bench."""
+    from ops.bench import paged_steps
+    from service.engine.kept_sequences import SEQUENCES
+
+    result = paged_steps.run_subprocess(fp16_ir)
+    assert [r["sequences"] for r in result["rows"]] == list(range(1, SEQUENCES + 1))
+    assert all(r["ms_per_step"] > 0 for r in result["rows"]), result
+    with pytest.raises(RuntimeError, match="paged decode steps failed"):
+        paged_steps.run_subprocess(fp16_ir / "missing")

@@ -348,3 +348,13 @@ def test_the_llama_steps_table_says_what_padding_a_step_gives():
     assert "2 threads, 150 tokens of context per sequence, median of 12 steps" in md
     assert "| 3 | no | 240.0 | 3.00x | 1.00x |" in md and "| 3 | yes (a 4th row) | 160.0 | 2.00x | 1.50x |" in md
     assert llama_steps_section({}) == []
+
+
+def test_the_paged_steps_table_compares_each_step_with_one_sequence():
+    from ops.bench.bench_md import paged_steps_section
+
+    rows = [{"sequences": n, "ms_per_step": ms} for n, ms in ((1, 50.0), (2, 55.0), (4, 62.5))]
+    md = "\n".join(paged_steps_section({"paged_steps": {"context": 150, "steps": 12, "rows": rows}}))
+    assert "150 tokens of context per sequence, median of 12 steps" in md
+    assert "| 4 | 62.5 | 1.25x | 3.20x |" in md and "| 1 | 50.0 | 1.00x | 1.00x |" in md
+    assert paged_steps_section({}) == []

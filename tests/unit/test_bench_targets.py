@@ -312,3 +312,22 @@ def test_the_throughput_target_names_the_ceiling_the_machine_allows():
     t = by_id(evaluate(r))
     assert "ceiling on this machine 2.37x" in t["c4-throughput-batching"].detail
     assert t["c4-p95-batching"].detail.startswith("floor on this machine 4.00x")  # p50 = p95 alone: 4 x 2.0 / 2.0
+    assert "decode step" not in t["c4-throughput-batching"].detail  # no step table for batching
+
+
+def test_the_throughput_ceiling_counts_what_a_shared_step_costs_when_the_run_measured_it():
+    one = {"clients": 1, "requests": 2, "wall_s": 17.43, "tokens_per_s": 14.7, "first_token_p50_s": 2.0,
+           "first_token_p95_s": 2.0, "errors": 0}
+    # the shared decode (6.715 s alone) at 1.25x: 4 answers in at least 8.0 + 8.39 s
+    assert throughput_ceiling(one, 4, 1.25) == pytest.approx(4 * 8.715 / (8.0 + 6.715 * 1.25))
+    r = results()
+    four = {"clients": 4, "tokens_per_s": 29.0, "first_token_p50_s": 6.3, "first_token_p95_s": 8.2, "errors": 0}
+    r["concurrency"] = {"paged": [one, four], "hybrid": [one, four]}
+    r["paged_steps"] = {"rows": [{"sequences": n, "ms_per_step": ms} for n, ms in ((1, 40.0), (4, 50.0))]}
+    r["llama_steps"] = {"rows": [{"sequences": 1, "padded": False, "ms_per_step": 40.0},
+                                 {"sequences": 4, "padded": True, "ms_per_step": 60.0},
+                                 {"sequences": 4, "padded": False, "ms_per_step": 100.0}]}
+    t = by_id(evaluate(r))
+    paged, hybrid = t["c4-throughput-paged"].detail, t["c4-throughput-hybrid"].detail
+    assert f"{throughput_ceiling(one, 4, 1.25):.2f}x with this engine's 4-sequence decode step (1.25x one's" in paged
+    assert "(2.50x one's" in hybrid  # the step the engine runs, not the padded one
