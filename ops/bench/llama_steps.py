@@ -62,9 +62,14 @@ def run_subprocess(lib: Path, gguf: Path, threads: int | None = None, timeout: f
     threads = threads or len(os.sched_getaffinity(0))
     cmd = [sys.executable, "-m", "ops.bench.llama_steps", "--lib", str(lib), "--gguf", str(gguf),
            "--threads", str(threads)]
+    return child_json(cmd, "llama.cpp decode steps", timeout)
+
+
+def child_json(cmd: list[str], what: str, timeout: float) -> dict:
+    """The JSON line a measuring child prints last; RuntimeError naming ``what`` and its stderr's end if it fails."""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"llama.cpp decode steps failed (exit {proc.returncode}): {proc.stderr[-500:]}")
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {proc.stderr[-500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-from ops.bench.llama_steps import timed
+from ops.bench.llama_steps import child_json, timed
 
 SIZES = (1, 2, 3, 4)
 
@@ -50,10 +49,7 @@ def measure(model_dir: Path, context: int = 150, steps: int = 12, warmup: int = 
 def run_subprocess(model_dir: Path, timeout: float = 600) -> dict:
     """``measure`` in a fresh interpreter: the bench's own process never holds a model."""
     cmd = [sys.executable, "-m", "ops.bench.paged_steps", "--model-dir", str(model_dir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"paged decode steps failed (exit {proc.returncode}): {proc.stderr[-500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_json(cmd, "paged decode steps", timeout)
 
 
 def main(argv: list[str] | None = None) -> None:
