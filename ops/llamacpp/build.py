@@ -124,7 +124,8 @@ class BuildConfig:
         return () if self.native else EXCLUDED_FEATURES
 
     def key_material(self) -> dict:
-        material = {"version": self.version, "flags": list(self.flags()), "targets": list(self.targets)}
+        material = {"version": self.version, "patches": source_mod.patches_key(), "flags": list(self.flags()),
+                    "targets": list(self.targets)}
         if self.excluded_features:
             material["excluded_cpu_features"] = list(self.excluded_features)
         if self.native:
@@ -225,9 +226,9 @@ def find(config: BuildConfig) -> Build | None:
 
 
 def check_tools() -> None:
-    missing = [tool for tool in ("cmake", "c++", "make") if shutil.which(tool) is None]
+    missing = [tool for tool in ("cmake", "c++", "make", "patch") if shutil.which(tool) is None]
     if missing:
-        raise BuildError(f"{', '.join(missing)} not found on PATH; install them (apt-get install cmake g++ make)")
+        raise BuildError(f"{', '.join(missing)} not found on PATH; install them (apt-get install cmake g++ make patch)")
 
 
 def build(config: BuildConfig | None = None, jobs: int = 2, nice: int = 19, timeout: float = DEFAULT_TIMEOUT_S,

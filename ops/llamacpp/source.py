@@ -1,11 +1,14 @@
 """llama.cpp's source: the PyPI sdist of llama-cpp-python, which vendors a complete llama.cpp tree.
 
 Fetched with pip (the ordinary PyPI client) into ``$VLFLEET_CACHE/llamacpp/src/``, checked against the sha256
-pinned here, and unpacked once. The tree is what ``build.py`` compiles and what ``gguf.py``'s converter runs from.
+pinned here, unpacked once and patched with ``patches/*.patch`` (in name order, ``patch -p1`` in the llama.cpp
+tree): the unpacked directory's name ends in the patches' hash, so changing a patch unpacks and builds again. The
+tree is what ``build.py`` compiles and what ``gguf.py``'s converter runs from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -23,6 +26,7 @@ SDIST_SHA256 = {"0.3.36": "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372
 # What the rest of ops.llamacpp needs from the vendored tree.
 REQUIRED = ("CMakeLists.txt", "convert_hf_to_gguf.py", "conversion/base.py", "gguf-py/gguf/__init__.py",
             "tools/server", "tools/mtmd", "tools/quantize")
+PATCHES = Path(__file__).with_name("patches")
 
 
 class SourceError(RuntimeError):
@@ -44,6 +48,18 @@ class Source:
 
 def sdist_name(version: str) -> str:
     return f"llama_cpp_python-{version}.tar.gz"
+
+
+def patches() -> list[Path]:
+    return sorted(PATCHES.glob("*.patch"))
+
+
+def patches_key() -> str:
+    """A hash of the patches' names and contents: part of the unpacked tree's name and of every build's key."""
+    digest = hashlib.sha256()
+    for path in patches():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def src_dir() -> Path:
@@ -75,7 +91,7 @@ def missing_parts(tree: Path) -> list[str]:
 def fetch(version: str = VERSION, quiet: bool = False) -> Source:
     """The unpacked, verified sdist of ``version`` (downloaded and unpacked on first use; cached)."""
     base = src_dir()
-    root = base / f"llama_cpp_python-{version}"
+    root = base / f"llama_cpp_python-{version}-{patches_key()}"
     sdist = base / sdist_name(version)
     marker = root / ".vlfleet-verified"
     if not marker.is_file():
@@ -115,8 +131,20 @@ def _fetch_into(base: Path, root: Path, sdist: Path, version: str, quiet: bool) 
     if missing:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SourceError(f"the {PACKAGE} {version} sdist lacks vendor/llama.cpp/{', '.join(missing)}")
+    _apply_patches(unpacked / "vendor" / "llama.cpp", tmp)
     (unpacked / ".vlfleet-verified").write_text(sha + "\n")
     unpacked.rename(root)
     shutil.rmtree(tmp, ignore_errors=True)
     if not quiet:
         print(f"[llamacpp] {sdist.name} (sha256 {sha[:12]}...) unpacked into {root}", flush=True)
+
+
+def _apply_patches(tree: Path, tmp: Path) -> None:
+    for path in patches():
+        done = subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(path)], cwd=tree,
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            said = " ".join((done.stdout + done.stderr).split())[-500:]
+            raise SourceError(f"{path.name} does not apply to llama.cpp's tree: {said}; a new VERSION needs its "
+                              f"patches rebased or removed ({PATCHES})")

@@ -72,10 +72,11 @@ vl_lm *vl_open(const char *path, int32_t n_ctx, int32_t n_seq, int32_t n_threads
     cp.n_batch = cp.n_ubatch = (uint32_t)n_batch;
     cp.n_seq_max = (uint32_t)n_seq + 1; /* and the spare */
     cp.kv_unified = true; /* one cache the sequences share: a busy conversation may use what idle ones do not */
-    /* Flash attention on the CPU sums the values of an f16 cache in f16, in the order the cells lie in the cache:
-       a conversation whose cells were placed otherwise (cut back, its turn written between other sequences' cells)
-       got other logits, and a greedy answer could change with its neighbours. Without it the sums are f32 matmuls. */
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    /* Flash attention skips other sequences' cells; without it every step multiplies the whole shared cache, and a
+       conversation's decode slowed with each one kept. Its CPU kernel summed an f16 cache's values in f16, in the
+       order the cells lie, so a conversation continued in cells laid out otherwise got other logits and a greedy
+       answer could change with its neighbours: ops/llamacpp/patches makes it sum in f32, as llama.cpp asks. */
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
     if (n_threads > 0) {
         cp.n_threads = cp.n_threads_batch = n_threads;
     }

@@ -240,8 +240,9 @@ def test_a_sequence_continued_where_its_cells_lie_otherwise_gets_the_same_logits
     """The same prompt in three sequences, fed and stepped as the engine's loop runs them (one chunk of a prompt, then
     a decode step for the others), released, then asked again: each is cut back and continued in cells the cache now
     lays out otherwise (its answer's cells freed between the others'). Every first token's logits are the first
-    answer's (within 1e-5 of the largest: what differs is the order of f32 sums). With llama.cpp's flash attention,
-    which sums an f16 cache's values in f16 in cell order, they were not: the shim turns it off."""
+    answer's (within 1e-5 of the largest: what differs is the order of f32 sums). With llama.cpp's own flash
+    attention, which summed an f16 cache's values in f16 in cell order, they were not: ops/llamacpp/patches makes
+    it sum them in f32."""
     from service.engine.conversation import Conversation, Turn
     from service.engine.direct_pipeline import DirectPipeline, Generation
     from service.engine.llama_lm import LlamaLM
@@ -320,6 +321,7 @@ def test_the_handed_over_kv_is_what_llamacpp_computes(fp16_pair):
         if prefill == "openvino":
             layout = pipe.lm._prefill.layout
         pipe.lm.close()
+    assert not layout.v_trans  # flash attention is on (values stored by cell): a step skips other sequences' cells
     (cells, kv), (want_cells, want_kv) = (_cells_and_kv(layout, b, len(prompt.ids)) for b in blobs)
     assert (want_cells["tok"] == -1).sum() == sum(image.tokens for _, image, _ in prompt.images)
     assert (want_cells["x"] != want_cells["y"]).any()  # the image's rows are laid out in two dimensions

@@ -52,6 +52,45 @@ def test_missing_parts_of_the_tree_are_named(tmp_path):
     assert "convert_hf_to_gguf.py" in missing and "gguf-py/gguf/__init__.py" in missing
 
 
+def _patch_dir(tmp_path, monkeypatch, text: str) -> Path:
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "0001-fix.patch").write_text(text)
+    monkeypatch.setattr(source, "PATCHES", patches)
+    return patches
+
+
+FIX = "--- a/f.c\n+++ b/f.c\n@@ -1 +1 @@\n-int x = 1;\n+int x = 2;\n"
+
+
+def test_the_patches_are_applied_to_the_tree_and_their_hash_names_it(tmp_path, monkeypatch):
+    patches = _patch_dir(tmp_path, monkeypatch, FIX)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "f.c").write_text("int x = 1;\n")
+    key = source.patches_key()
+    source._apply_patches(tree, tmp_path / "partial")
+    assert (tree / "f.c").read_text() == "int x = 2;\n"
+    (patches / "0001-fix.patch").write_text(FIX.replace("x = 2", "x = 3"))
+    assert source.patches_key() != key  # another patch: another tree and other builds
+
+
+def test_a_patch_that_does_not_apply_names_itself_and_the_fix(tmp_path, monkeypatch):
+    _patch_dir(tmp_path, monkeypatch, FIX)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "f.c").write_text("int y = 0;\n")
+    with pytest.raises(source.SourceError, match=r"0001-fix\.patch does not apply.*rebased or removed"):
+        source._apply_patches(tree, tmp_path / "partial")
+
+
+def test_the_shipped_patches_are_unified_diffs_of_the_llama_cpp_tree():
+    assert source.patches(), "ops/llamacpp/patches holds the flash-attention accumulator fix"
+    for path in source.patches():
+        text = path.read_text()
+        assert text.startswith("--- a/") and "\n+++ b/" in text and "\n@@ " in text, path.name
+
+
 # --- build ------------------------------------------------------------------------------------------------------
 
 def test_native_and_portable_flags():
@@ -70,6 +109,7 @@ def test_cache_key_follows_version_flags_targets_and_the_native_cpu():
     assert build.BuildConfig(version="0.3.35", cpu=CPU_A).key() != base.key()
     assert build.BuildConfig(targets=("llama-server",), cpu=CPU_A).key() != base.key()
     assert build.BuildConfig(native=False).key() != base.key()
+    assert base.key_material()["patches"] == source.patches_key()  # a changed patch builds again
     # A portable build runs on any CPU: where it was built does not change its key.
     assert build.BuildConfig(native=False, cpu=CPU_A).key() == build.BuildConfig(native=False, cpu=CPU_B).key()
 
