@@ -203,7 +203,25 @@ def llama_steps_section(results: dict) -> list[str]:
             "a batch's rows four at a time and each one left over alone; a step of 3 is timed as the engine runs "
             "it and with a fourth row (ops/llamacpp/vlfleet_llama.c), which the engine leaves off: it would change a "
             "seeded answer with what it is batched with.", "",
-            table(["sequences", "padded", *STEP_HEADER], _step_rows(steps, padded=True)), ""]
+            table(["sequences", "padded", *STEP_HEADER], _step_rows(steps, padded=True)), "", *_kept_line(steps)]
+
+
+def _kept_line(steps: dict) -> list[str]:
+    kept = steps.get("kept")
+    if not kept:
+        return []
+    off = kept.get("flash_attention_off")
+    line = (f"One sequence's step beside {kept['others']} kept conversations of {kept['tokens']} tokens each: "
+            f"{_beside(kept)} with flash attention (the engine's setting)")
+    if off:
+        line += f", {_beside(off)} without it"
+    return [line + ". Each conversation's KV is kept for its follow-up; attention that reads only the stepping "
+            "sequence's cells does not slow with them.", ""]
+
+
+def _beside(kept: dict) -> str:
+    return (f"{num(kept['beside_ms'], 1)} ms, {num(kept['beside_ms'] / kept['alone_ms'], 2, 'x')} its step alone in "
+            f"the cache ({num(kept['alone_ms'], 1)} ms)")
 
 
 def paged_steps_section(results: dict) -> list[str]:

@@ -3,7 +3,10 @@ the engine's own interface (service.engine.llama_worker) on the peer's GGUF, in 
 
 ggml's repacked matmuls take a batch's rows four at a time and each one left over alone, so a step of 4k+3
 sequences can be given a fourth row (ops/llamacpp/vlfleet_llama.c): 3 sequences are timed with and without it. The
-engine does not pad (service.engine.llama_lm.LlamaLM.step_many says why).
+engine does not pad (service.engine.llama_lm.LlamaLM.step_many says why). Then one sequence's step alone in the
+cache and beside three kept conversations, with flash attention on (the engine's setting) and off: the hybrid engine
+keeps each conversation's KV, and a step that has to read the others' cells (attention without flash attention)
+slows with every conversation kept.
 
     python -m ops.bench.llama_steps --lib LIB --gguf GGUF [--threads N]   # one JSON line
 """
@@ -23,28 +26,57 @@ from pathlib import Path
 
 # (sequences, padded): every step size the engine takes, and 3 padded
 CASES = ((1, False), (2, False), (3, False), (3, True), (4, False))
+KEPT = 450  # tokens of each kept conversation: a question about an image and its answer
 
 
 def measure(lib: Path, gguf: Path, threads: int, context: int = 150, steps: int = 12, warmup: int = 2) -> dict:
-    """Fill each sequence with ``context`` tokens, then time ``steps`` decode steps (after ``warmup``) per case."""
-    import numpy as np
+    """Fill each sequence with ``context`` tokens, then time ``steps`` decode steps (after ``warmup``) per case;
+    then one sequence's step alone and beside kept conversations, with flash attention on (the engine's) and off."""
+    from service.engine.llama_lm import SEQUENCES
 
-    from service.engine.llama_lm import N_BATCH, SEQUENCES  # the hybrid engine's context, as it opens it
-    from service.engine.llama_worker import Model
-
-    model = Model(str(lib), str(gguf), 4096, SEQUENCES, threads, N_BATCH)
-    rng = np.random.default_rng(0)
-    for seq in range(SEQUENCES):
-        model.tokens(seq, rng.integers(100, 20000, context), np.arange(context), False)
-    at = [context] * SEQUENCES
-
-    def step(n: int, pad: bool) -> None:
-        model.step(list(range(n)), rng.integers(100, 20000, n), at[:n], pad)
-        at[:n] = [p + 1 for p in at[:n]]
-
-    rows = [{"sequences": n, "padded": pad, "ms_per_step": timed(partial(step, n, pad), steps, warmup)}
+    seqs = Sequences(lib, gguf, threads, context)
+    rows = [{"sequences": n, "padded": pad, "ms_per_step": timed(partial(seqs.step, n, pad), steps, warmup)}
             for n, pad in CASES]
-    return {"threads": threads, "context": context, "steps": steps, "rows": rows}
+    kept = {"others": SEQUENCES - 1, "tokens": KEPT, **seqs.kept(steps, warmup)}
+    seqs.model.close()
+    kept["flash_attention_off"] = Sequences(lib, gguf, threads, context, flash_attn=False).kept(steps, warmup)
+    return {"threads": threads, "context": context, "steps": steps, "rows": rows, "kept": kept}
+
+
+class Sequences:
+    """The hybrid engine's context (as it opens it) with every sequence filled with ``context`` random tokens."""
+
+    def __init__(self, lib: Path, gguf: Path, threads: int, context: int, flash_attn: bool = True):
+        import numpy as np
+
+        from service.engine.llama_lm import N_BATCH, SEQUENCES
+        from service.engine.llama_worker import Model
+
+        self.model = Model(str(lib), str(gguf), 4096, SEQUENCES, threads, N_BATCH, flash_attn=flash_attn)
+        self.rng = np.random.default_rng(0)
+        self.vocab = min(20000, self.model.n_vocab)  # ordinary tokens (a tiny test model has a small vocabulary)
+        for seq in range(SEQUENCES):
+            self.model.tokens(seq, self.random(context), np.arange(context), False)
+        self.at = [context] * SEQUENCES
+
+    def random(self, n: int):
+        return self.rng.integers(100, self.vocab, n)
+
+    def step(self, n: int, pad: bool = False) -> None:
+        self.model.step(list(range(n)), self.random(n), self.at[:n], pad)
+        self.at[:n] = [p + 1 for p in self.at[:n]]
+
+    def kept(self, steps: int, warmup: int) -> dict:
+        """Sequence 0's step alone in the cache, then beside the others holding KEPT tokens each."""
+        import numpy as np
+
+        others = range(1, len(self.at))
+        for seq in others:
+            self.model.seq_rm(seq, 0)
+        alone = timed(partial(self.step, 1), steps, warmup)
+        for seq in others:
+            self.model.tokens(seq, self.random(KEPT), np.arange(KEPT), False)
+        return {"alone_ms": alone, "beside_ms": timed(partial(self.step, 1), steps, warmup)}
 
 
 def timed(call: Callable[[], object], steps: int, warmup: int) -> float:

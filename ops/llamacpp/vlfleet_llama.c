@@ -22,7 +22,7 @@
 
 /* The interface's number: bumped with every change of a function's signature or meaning here, and checked by
  * service/engine/llama_worker.py, so a service never calls a shim of another interface (it would crash, not fail). */
-#define VL_INTERFACE 3
+#define VL_INTERFACE 4
 
 typedef struct vl_lm {
     struct llama_model *model;
@@ -52,7 +52,8 @@ static void load_backends(void) {
 }
 
 /* NULL when the model cannot be loaded or the context made (llama.cpp has said why on stderr). */
-vl_lm *vl_open(const char *path, int32_t n_ctx, int32_t n_seq, int32_t n_threads, int32_t n_batch, int32_t verbose) {
+vl_lm *vl_open(const char *path, int32_t n_ctx, int32_t n_seq, int32_t n_threads, int32_t n_batch, int32_t verbose,
+               int32_t flash_attn) {
     vl_verbose = verbose;
     llama_log_set(vl_log, NULL);
     load_backends();
@@ -75,8 +76,9 @@ vl_lm *vl_open(const char *path, int32_t n_ctx, int32_t n_seq, int32_t n_threads
     /* Flash attention skips other sequences' cells; without it every step multiplies the whole shared cache, and a
        conversation's decode slowed with each one kept. Its CPU kernel summed an f16 cache's values in f16, in the
        order the cells lie, so a conversation continued in cells laid out otherwise got other logits and a greedy
-       answer could change with its neighbours: ops/llamacpp/patches makes it sum in f32, as llama.cpp asks. */
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+       answer could change with its neighbours: ops/llamacpp/patches makes it sum in f32, as llama.cpp asks. Off only
+       for the bench, which times a step both ways (ops/bench/llama_steps.py). */
+    cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     if (n_threads > 0) {
         cp.n_threads = cp.n_threads_batch = n_threads;
     }

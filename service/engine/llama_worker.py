@@ -20,7 +20,7 @@ import numpy as np
 _I32P = ctypes.POINTER(ctypes.c_int32)
 _F32P = ctypes.POINTER(ctypes.c_float)
 FULL_CACHE = 1  # llama_decode's code for "no room in the KV cache"
-INTERFACE = 3  # vlfleet_llama.c's VL_INTERFACE: the functions bound below, with these signatures
+INTERFACE = 4  # vlfleet_llama.c's VL_INTERFACE: the functions bound below, with these signatures
 
 
 def _interface(lib: ctypes.CDLL) -> int:
@@ -38,7 +38,7 @@ def _bind(lib: ctypes.CDLL, path: str) -> ctypes.CDLL:
                            "install the vlfleet-llama-server wheel of this release (`vlfleet llamacpp.wheel`), or "
                            "point VLFLEET_LLAMACPP_LIB at the one `vlfleet llamacpp.build` prints")
     lib.vl_open.restype = ctypes.c_void_p
-    lib.vl_open.argtypes = [ctypes.c_char_p] + [ctypes.c_int32] * 5
+    lib.vl_open.argtypes = [ctypes.c_char_p] + [ctypes.c_int32] * 6
     lib.vl_close.argtypes = [ctypes.c_void_p]
     for name in ("vl_n_vocab", "vl_n_embd_inp", "vl_n_ctx"):
         getattr(lib, name).argtypes = [ctypes.c_void_p]
@@ -67,12 +67,17 @@ class Model:
     """One loaded GGUF language model and its context (n_seq sequences in one KV cache)."""
 
     def __init__(self, lib_path: str, gguf: str, n_ctx: int, n_seq: int, n_threads: int, n_batch: int,
-                 verbose: bool = False):
+                 verbose: bool = False, flash_attn: bool = True):
         self.lib = _bind(ctypes.CDLL(lib_path), lib_path)
-        self.handle = self.lib.vl_open(gguf.encode(), n_ctx, n_seq, n_threads, n_batch, int(verbose))
+        self.handle = self.lib.vl_open(gguf.encode(), n_ctx, n_seq, n_threads, n_batch, int(verbose), int(flash_attn))
         if not self.handle:
             raise RuntimeError(f"llama.cpp could not load {gguf} (its messages are in the service's log)")
         self.n_vocab = self.lib.vl_n_vocab(self.handle)
+
+    def close(self) -> None:
+        """Free the context and the model (the worker's process ends instead; the bench opens a second model)."""
+        self.lib.vl_close(self.handle)
+        self.handle = None
 
     def info(self) -> dict:
         h = self.handle

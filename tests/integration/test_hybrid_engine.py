@@ -327,3 +327,21 @@ def test_the_handed_over_kv_is_what_llamacpp_computes(fp16_pair):
     assert (want_cells["x"] != want_cells["y"]).any()  # the image's rows are laid out in two dimensions
     np.testing.assert_array_equal(cells, want_cells)
     np.testing.assert_allclose(kv, want_kv, rtol=0, atol=TOLERANCE * float(np.abs(want_kv).max()))
+
+
+def test_the_bench_times_steps_and_a_step_beside_kept_conversations(tiny_gguf, llama_lib):
+    """ops.bench.llama_steps, in its own interpreter as the bench runs it: a row per step size (and 3 padded), and
+    one sequence's step alone and beside the other sequences' kept conversations, with flash attention on and off;
+    a model it cannot load is a failure that says so."""
+    from ops.bench import llama_steps
+    from service.engine.kept_sequences import SEQUENCES
+    from service.engine.llamacpp_child import gguf_files
+
+    lm = gguf_files(tiny_gguf).language_model
+    result = llama_steps.run_subprocess(llama_lib, lm, threads=1)
+    assert [(r["sequences"], r["padded"]) for r in result["rows"]] == list(llama_steps.CASES)
+    kept = result["kept"]
+    off = kept["flash_attention_off"]
+    assert kept["others"] == SEQUENCES - 1 and min(kept["alone_ms"], kept["beside_ms"], *off.values()) > 0, result
+    with pytest.raises(RuntimeError, match=r"llama\.cpp decode steps failed"):
+        llama_steps.run_subprocess(llama_lib, lm.with_name("missing.gguf"), threads=1)

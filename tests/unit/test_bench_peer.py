@@ -347,6 +347,17 @@ def test_the_llama_steps_table_says_what_padding_a_step_gives():
     md = "\n".join(llama_steps_section({"llama_steps": {"threads": 2, "context": 150, "steps": 12, "rows": rows}}))
     assert "2 threads, 150 tokens of context per sequence, median of 12 steps" in md
     assert "| 3 | no | 240.0 | 3.00x | 1.00x |" in md and "| 3 | yes (a 4th row) | 160.0 | 2.00x | 1.50x |" in md
+    assert "kept conversations" not in md  # a run from before the kept-conversation step was timed
+    kept = {"others": 3, "tokens": 450, "alone_ms": 40.0, "beside_ms": 46.0}
+    md = "\n".join(llama_steps_section({"llama_steps": {"threads": 2, "context": 150, "steps": 12, "rows": rows,
+                                                         "kept": kept}}))
+    assert ("beside 3 kept conversations of 450 tokens each: 46.0 ms, 1.15x its step alone in the cache (40.0 ms) "
+            "with flash attention (the engine's setting).") in md
+    kept["flash_attention_off"] = {"alone_ms": 50.0, "beside_ms": 60.0}
+    md = "\n".join(llama_steps_section({"llama_steps": {"threads": 2, "context": 150, "steps": 12, "rows": rows,
+                                                         "kept": kept}}))
+    assert "(40.0 ms) with flash attention (the engine's setting), 60.0 ms, 1.20x its step alone in the cache " \
+           "(50.0 ms) without it." in md
     assert llama_steps_section({}) == []
 
 
