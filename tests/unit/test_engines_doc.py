@@ -1,6 +1,6 @@
-"""docs/engines.md's "When each wins" is written by hand from bench runs: every figure in one of its paragraphs
-(seconds, ms, GB, ratios, percentages) must be printed in a run's bench.md (or the generated tuning page) that the
-paragraph links, so a figure typed in or left over from an older run fails here."""
+"""docs/engines.md is written by hand from bench runs: every figure in one of its paragraphs or bullets (seconds, ms,
+GB, ratios, percentages) must be printed in a run's bench.md (or the generated tuning page) that the paragraph
+links, so a figure typed in or left over from an older run fails here."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ LINK = re.compile(r"\]\(((?:\.\./results/|tuning\.md)[^)#]*)\)")
 
 
 def paragraphs() -> list[str]:
-    """The section's paragraphs: its opening text and each bullet."""
-    section = DOC.read_text().split("## When each wins", 1)[1].split("\n## ", 1)[0]
-    return [p for p in re.split(r"\n- ", section) if p.strip()]
+    """The page's paragraphs and bullets that state a figure."""
+    return [p for p in re.split(r"\n(?:- |\n)", DOC.read_text()) if FIGURE.search(p)]
 
 
 def figures_missing(paragraph: str, base: Path) -> list[str]:
