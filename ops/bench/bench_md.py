@@ -138,6 +138,14 @@ def peer_label(results: dict) -> str:
     return f"llama-server{types} (HTTP+SSE)"
 
 
+def _patched(build: dict) -> str:
+    """What ops/llamacpp/patches changed in the build's tree; nothing for a build from before they were recorded."""
+    names = build.get("patch_names")
+    if names is None:
+        return ""
+    return f" with {', '.join(names)} (ops/llamacpp/patches)" if names else " with no patches"
+
+
 def peer_section(results: dict) -> list[str]:
     """What the peer was: build, artifact, threads, its own timings and the prompt each side processed."""
     peer = results.get("peer")
@@ -165,8 +173,9 @@ def peer_section(results: dict) -> list[str]:
             ["peak RSS (GB)", gb(peer.get("peak_rss_bytes")), gb(svc.get("peak_rss_bytes"))],
             ["cold start (s)", num(peer.get("cold_start_s"), 1), num(svc.get("cold_start_s"), 1)]]
     out = ["## Peer: llama.cpp llama-server (this run)", "",
-           f"llama-server from llama.cpp as vendored by the llama-cpp-python {build.get('version', '?')} sdist, built "
-           f"here ({' '.join(build.get('flags') or [])}; {build.get('compiler') or 'compiler ?'}), on "
+           f"llama-server from llama.cpp as vendored by the llama-cpp-python {build.get('version', '?')} sdist"
+           f"{_patched(build)}, built here ({' '.join(build.get('flags') or [])}; "
+           f"{build.get('compiler') or 'compiler ?'}), on "
            f"{machine.get('cpu', '?')} (ISA: {', '.join(machine.get('isa') or []) or '?'}), "
            f"{peer.get('threads', '?')} threads, one slot. Model: the same 2b-shape checkpoint converted to GGUF "
            f"(artifact {art.get('artifact_id', '?')}: {sizes or '?'}). Same images, prompt, token count, runs and "

@@ -588,12 +588,15 @@ def _finish(results: dict, plan: Plan, say: Progress) -> dict:
 
 def peer_entry(inputs: PeerInputs) -> dict:
     """What the peer is: its build, artifact and the machine it runs on."""
+    from ops.llamacpp import source
     from ops.machine import describe
     from service.runtime.manifest import read_manifest
 
     manifest = read_manifest(inputs.artifact)
-    return {"engine": "llama-server", "machine": describe(),
-            "build": {k: inputs.build.get(k) for k in ("version", "flags", "cpu", "build_s", "compiler")},
+    build = {k: inputs.build.get(k) for k in ("version", "flags", "cpu", "build_s", "compiler")}
+    if inputs.build.get("patches") == source.patches_key():  # the build's tree carries this tree's patches
+        build["patch_names"] = [patch.name for patch in source.patches()]
+    return {"engine": "llama-server", "machine": describe(), "build": build,
             "artifact": {"path": str(inputs.artifact), "artifact_id": manifest["artifact_id"],
                          "weight_format": manifest["weight_format"],
                          "sizes": {name: e["size"] for name, e in manifest["files"].items()}}}

@@ -369,3 +369,15 @@ def test_the_paged_steps_table_compares_each_step_with_one_sequence():
     assert "150 tokens of context per sequence, median of 12 steps" in md
     assert "| 4 | 62.5 | 1.25x | 3.20x |" in md and "| 1 | 50.0 | 1.00x | 1.00x |" in md
     assert paged_steps_section({}) == []
+
+
+def test_the_peer_section_names_the_patches_its_build_carries():
+    from ops.bench.bench_md import peer_section
+
+    def line(build: dict) -> str:
+        return peer_section({"peer": {"build": {"version": "0.3.36", **build}, "image_416": {}}})[2]
+
+    patched = line({"patch_names": ["0001-a.patch", "0002-b.patch"]})
+    assert "0.3.36 sdist with 0001-a.patch, 0002-b.patch (ops/llamacpp/patches), built here" in patched
+    assert "0.3.36 sdist with no patches, built here" in line({"patch_names": []})
+    assert "0.3.36 sdist, built here" in line({})  # a run from before builds recorded their patches
