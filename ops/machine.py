@@ -27,8 +27,15 @@ def isa(flags: str) -> list[str]:
     return [f for f in ISA_FLAGS if f in have]
 
 
+def generation(cpuinfo: str) -> str:
+    """x86's CPU family and model numbers: a virtual machine's model name may be only "AMD EPYC" for every
+    generation, and the family tells them apart ('' where cpuinfo has no such fields)."""
+    family, model = cpuinfo_field(cpuinfo, "cpu family"), cpuinfo_field(cpuinfo, "model")
+    return f"family {family}, model {model}" if family and model else ""
+
+
 def describe(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     text = cpuinfo.read_text() if cpuinfo.is_file() else ""
-    return {"cpu": cpuinfo_field(text, "model name") or platform.processor(),
+    return {"cpu": cpuinfo_field(text, "model name") or platform.processor(), "generation": generation(text),
             "isa": isa(cpuinfo_field(text, "flags")), "cpus": len(os.sched_getaffinity(0)),
             "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg())}  # how quiet the machine was

@@ -139,7 +139,7 @@ def peer_label(results: dict) -> str:
 
 
 def _patched(build: dict) -> str:
-    """What ops/llamacpp/patches changed in the build's tree; nothing for a build from before they were recorded."""
+    """What ops/llamacpp/patches changed in the build's tree; nothing where the run did not record it."""
     names = build.get("patch_names")
     if names is None:
         return ""
@@ -331,7 +331,8 @@ def render(results: dict, charts: list[str] | None = None) -> str:
     meta = results.get("meta", {})
     out = [f"# vlfleet bench: {meta.get('started', '')}", ""]
     machine = meta.get("machine", {})
-    isa = f" (ISA: {', '.join(machine['isa'])})" if machine.get("isa") else ""
+    about = [machine.get("generation"), f"ISA: {', '.join(machine['isa'])}" if machine.get("isa") else ""]
+    isa = f" ({'; '.join(a for a in about if a)})" if any(about) else ""
     out.append(f"Machine: {machine.get('cpu', '?')}{isa}, {machine.get('cpus', '?')} CPUs, "
                f"{gb(machine.get('memory_bytes'))} GB RAM, load average at start {machine.get('loadavg', '?')}. "
                f"Model: 2b-shape synthetic Qwen3-VL (real compute and memory, random weights: ops/model/synth.py). "

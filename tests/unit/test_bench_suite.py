@@ -49,6 +49,21 @@ def test_the_machine_block_names_the_cpu_and_its_isa_flags():
     assert block["memory_bytes"] > 0 and "openvino" in block["versions"]
 
 
+def test_the_machine_is_named_with_its_cpu_generation(tmp_path):
+    from ops.bench.bench_md import render
+    from ops.machine import describe
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("vendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+                       "flags\t\t: fpu avx2 avx512f\n")
+    machine = describe(cpuinfo)
+    assert (machine["cpu"], machine["generation"], machine["isa"]) == ("AMD EPYC", "family 26, model 2",
+                                                                      ["avx2", "avx512f"])
+    assert "Machine: AMD EPYC (family 26, model 2; ISA: avx2, avx512f), " in render({"meta": {"machine": machine}})
+    assert describe(tmp_path / "absent")["generation"] == ""
+    assert "Machine: AMD EPYC (ISA: avx2), " in render({"meta": {"machine": {"cpu": "AMD EPYC", "isa": ["avx2"]}}})
+
+
 def test_every_engine_with_a_follow_up_gets_a_row_and_a_target():
     from ops.bench.bench_md import followup_section
     from ops.bench.targets import evaluate
