@@ -331,9 +331,9 @@ def render(results: dict, charts: list[str] | None = None) -> str:
     meta = results.get("meta", {})
     out = [f"# vlfleet bench: {meta.get('started', '')}", ""]
     machine = meta.get("machine", {})
-    about = [machine.get("generation"), f"ISA: {', '.join(machine['isa'])}" if machine.get("isa") else ""]
-    isa = f" ({'; '.join(a for a in about if a)})" if any(about) else ""
-    out.append(f"Machine: {machine.get('cpu', '?')}{isa}, {machine.get('cpus', '?')} CPUs, "
+    parts = [machine.get("generation"), f"ISA: {', '.join(machine['isa'])}" if machine.get("isa") else ""]
+    about = f" ({'; '.join(part for part in parts if part)})" if any(parts) else ""
+    out.append(f"Machine: {machine.get('cpu', '?')}{about}, {machine.get('cpus', '?')} CPUs, "
                f"{gb(machine.get('memory_bytes'))} GB RAM, load average at start {machine.get('loadavg', '?')}. "
                f"Model: 2b-shape synthetic Qwen3-VL (real compute and memory, random weights: ops/model/synth.py). "
                f"{meta.get('tokens', '?')} new tokens (fixed, greedy), image {meta.get('image', '416x277')}, "

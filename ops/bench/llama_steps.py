@@ -32,12 +32,10 @@ KEPT = 450  # tokens of each kept conversation: a question about an image and it
 def measure(lib: Path, gguf: Path, threads: int, context: int = 150, steps: int = 12, warmup: int = 2) -> dict:
     """Fill each sequence with ``context`` tokens, then time ``steps`` decode steps (after ``warmup``) per case;
     then one sequence's step alone and beside kept conversations, with flash attention on (the engine's) and off."""
-    from service.engine.llama_lm import SEQUENCES
-
     seqs = Sequences(lib, gguf, threads, context)
     rows = [{"sequences": n, "padded": pad, "ms_per_step": timed(partial(seqs.step, n, pad), steps, warmup)}
             for n, pad in CASES]
-    kept = {"others": SEQUENCES - 1, "tokens": KEPT, **seqs.kept(steps, warmup)}
+    kept = {"others": len(seqs.at) - 1, "tokens": KEPT, **seqs.kept(steps, warmup)}
     seqs.model.close()
     kept["flash_attention_off"] = Sequences(lib, gguf, threads, context, flash_attn=False).kept(steps, warmup)
     return {"threads": threads, "context": context, "steps": steps, "rows": rows, "kept": kept}
