@@ -243,7 +243,19 @@ def paged_steps_section(results: dict) -> list[str]:
             f"(service/engine/paged_lm.py) on the int4 artifact, {steps['context']} tokens of context per sequence, "
             f"median of {steps['steps']} steps (ops/bench/paged_steps.py). The 4-client targets' ceiling with this "
             "engine's step takes its 4-sequence row.", "",
-            table(["sequences", *STEP_HEADER], _step_rows(steps)), ""]
+            table(["sequences", *STEP_HEADER], _step_rows(steps)), "", *_fused_line(steps)]
+
+
+def _fused_line(steps: dict) -> list[str]:
+    """A prompt chunk with the others' decode step in its call (service/engine/paged.py) against the two apart."""
+    f = steps.get("fused")
+    if not f:
+        return []
+    apart, prompt = f["chunk_ms"] + f["step_ms"], f["chunk"] - f["others"]
+    return [f"A prompt chunk of {f['chunk']} tokens: {num(f['chunk_ms'], 1)} ms; {f['others']} sequences' decode "
+            f"step: {num(f['step_ms'], 1)} ms; the two in one call as the paged engine makes it ({prompt} "
+            f"prompt tokens and the step's {f['others']} rows): {num(f['together_ms'], 1)} ms, "
+            f"{num(f['together_ms'] / apart, 2, 'x')} the two calls apart ({num(apart, 1)} ms).", ""]
 
 
 def tune_section(results: dict, key: str = "tune") -> list[str]:

@@ -22,7 +22,8 @@ SIZES = (1, 2, 3, 4)
 
 def measure(model_dir: Path, context: int = 150, steps: int = 12, warmup: int = 2) -> dict:
     """Fill each sequence with ``context`` text tokens, then time ``steps`` decode steps (after ``warmup``) per
-    number of sequences in the step. Settings are the service's defaults for this artifact."""
+    number of sequences in the step; then a prompt chunk alone and with the others' decode step in it (``fused``).
+    Settings are the service's defaults for this artifact."""
     import numpy as np
 
     from service.engine.kept_sequences import SEQUENCES
@@ -35,15 +36,37 @@ def measure(model_dir: Path, context: int = 150, steps: int = 12, warmup: int = 
     sequences = []
     for _ in range(SEQUENCES):
         prompt = Prompt(rng.integers(100, 20000, context).astype(np.int64), [])
-        seq, keep = lm.claim(prompt, (warmup + steps) * len(SIZES))
+        seq, keep = lm.claim(prompt, (warmup + steps) * (len(SIZES) + 2))
         list(lm.feed(seq, prompt, keep, context))
         sequences.append(seq)
 
-    def step(n: int) -> None:  # a text token's position is its index
-        lm.step_many([(s, int(rng.integers(100, 20000)), len(s.keys)) for s in sequences[:n]])
+    def decode(seqs: list) -> list:  # a text token's position is its index
+        return [(s, int(rng.integers(100, 20000)), len(s.keys)) for s in seqs]
 
-    rows = [{"sequences": n, "ms_per_step": timed(lambda n=n: step(n), steps, warmup)} for n in SIZES]
-    return {"context": context, "steps": steps, "rows": rows}
+    rows = [{"sequences": n, "ms_per_step": timed(lambda n=n: lm.step_many(decode(sequences[:n])), steps, warmup)}
+            for n in SIZES]
+    return {"context": context, "steps": steps, "rows": rows,
+            "fused": _fused(lm, sequences[-1], sequences[:-1], decode, rng, steps, warmup)}
+
+
+def _fused(lm, filling, others: list, decode, rng, steps: int, warmup: int) -> dict:
+    """A PREFILL_CHUNK-token prompt chunk into ``filling`` alone, the decode step of ``others`` alone, and the two in
+    one call as the paged engine makes it (service.engine.paged: the chunk less the step's rows)."""
+    import numpy as np
+
+    from service.engine.hybrid import PREFILL_CHUNK
+    from service.engine.prompt import Prompt
+
+    chunk = Prompt(rng.integers(100, 20000, PREFILL_CHUNK).astype(np.int64), [])
+
+    def fill(rows: int, beside: list) -> None:
+        lm._cut(filling, 0)  # the chunk starts a new prompt each time
+        lm.feed_beside(filling, chunk, 0, rows, beside)
+
+    return {"chunk": PREFILL_CHUNK, "others": len(others),
+            "chunk_ms": timed(lambda: fill(PREFILL_CHUNK, []), steps, warmup),
+            "step_ms": timed(lambda: lm.step_many(decode(others)), steps, warmup),
+            "together_ms": timed(lambda: fill(PREFILL_CHUNK - len(others), decode(others)), steps, warmup)}
 
 
 def run_subprocess(model_dir: Path, timeout: float = 600) -> dict:

@@ -41,7 +41,7 @@ class Batched(Running):
 
     answer: Answer | None = None
     seq: Sequence | None = None
-    prefill: object = None  # LlamaLM.feed's iterator while the prompt is being computed
+    prefill: object = None  # while its prompt is being computed: LlamaLM.feed's iterator (paged: tokens computed)
     logits: object = None  # the logits the next token is drawn from
     batch_max: int = 0  # the most answers a decode step of this one shared (the inference log's decode_batch_max)
     prefill_on: str = ""  # the runtime that computed its prompt (the inference log's prefill_on)
@@ -104,8 +104,11 @@ class HybridEngine(DirectEngine):
             r.seq, keep = claimed
             r.answer.stats.reused_tokens = keep
             r.prefill_on = self.pipeline.lm.prefill_on(len(r.answer.prompt.ids), keep)
-            r.prefill = self.pipeline.lm.feed(r.seq, r.answer.prompt, keep, PREFILL_CHUNK)
+            self._begin_prefill(r, keep)
             running.append(r)
+
+    def _begin_prefill(self, r: Batched, keep: int) -> None:
+        r.prefill = self.pipeline.lm.feed(r.seq, r.answer.prompt, keep, PREFILL_CHUNK)
 
     def _start(self, job: Job) -> Batched | None:
         """The request's answer, its images encoded; None if that failed (the job is told why)."""
@@ -129,6 +132,13 @@ class HybridEngine(DirectEngine):
             out = next(filling.prefill)
             if out is not None:
                 filling.logits, filling.prefill = out, None
+        steps, stepping = self._next_tokens(running)
+        if steps:
+            self._stepped(stepping, self.pipeline.lm.step_many(steps))
+
+    def _next_tokens(self, running: list[Batched]) -> tuple[list[tuple[Sequence, int, int]], list[Batched]]:
+        """The next token of every answer past its prompt, as a decode step's (sequence, token, position) rows, and
+        those answers; answers that end are finished and leave ``running``."""
         steps, stepping = [], []
         for r in [r for r in running if r.prefill is None]:
             try:
@@ -144,10 +154,13 @@ class HybridEngine(DirectEngine):
                 continue
             steps.append((r.seq, token, r.answer.position))
             stepping.append(r)
-        if steps:
-            for r, logits in zip(stepping, self.pipeline.lm.step_many(steps), strict=True):
-                r.logits = logits
-                r.batch_max = max(r.batch_max, len(steps))
+        return steps, stepping
+
+    @staticmethod
+    def _stepped(stepping: list[Batched], logits) -> None:
+        for r, row in zip(stepping, logits, strict=True):
+            r.logits = row
+            r.batch_max = max(r.batch_max, len(stepping))
 
     def _complete(self, r: Batched) -> None:
         stats = r.answer.finish()

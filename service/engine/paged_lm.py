@@ -74,11 +74,26 @@ class PagedLM(KeptSequences):
         n = len(prompt.ids) if end is None else end
         for a in range(keep, n, chunk):
             b = min(a + chunk, n)
-            self._grow(s, b)
-            embeds, mask, deepstack = prompt_rows(self._embed, prompt, a, b)
-            logits = self._infer([(s, b - a)], embeds, prompt.positions[:, a:b], mask, deepstack)
-            self._kept(s, prompt, a, b)
-            yield logits[0] if b == n else None
+            logits, _ = self.feed_beside(s, prompt, a, b, [])
+            yield logits if b == n else None
+
+    def feed_beside(self, s: Sequence, prompt: Prompt, a: int, b: int,
+                    steps: list[tuple[Sequence, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt tokens a..b into ``s`` and one decode step of ``steps`` (other sequences) in one call: the logits
+        after token b - 1, and the steps' (len(steps), vocab). A step's few rows ride along a chunk's matmuls
+        almost free, where a call of their own reads every weight again (ops.bench.paged_steps' fused rows)."""
+        self._grow(s, b)
+        embeds, mask, deepstack = prompt_rows(self._embed, prompt, a, b)
+        positions = prompt.positions[:, a:b]
+        if steps:
+            step_embeds, step_positions = self._step_rows(steps)
+            embeds = np.concatenate([embeds, step_embeds])
+            positions = np.concatenate([positions, step_positions], axis=1)
+            mask = np.concatenate([mask, np.zeros(len(steps), bool)])
+        logits = self._infer([(s, b - a)] + [(q, 1) for q, _, _ in steps], embeds, positions, mask, deepstack)
+        self._kept(s, prompt, a, b)
+        self._stepped(steps)
+        return logits[0], logits[1:]
 
     def kv(self, s: Sequence) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The keys and values ``s`` holds, one (tokens, kv heads x head size) array per layer, in layer order
@@ -93,13 +108,18 @@ class PagedLM(KeptSequences):
         return [found[f"{CACHE_PREFIX[0]}{i}"] for i in layers], [found[f"{CACHE_PREFIX[1]}{i}"] for i in layers]
 
     def step_many(self, steps: list[tuple[Sequence, int, int]]) -> np.ndarray:
+        embeds, positions = self._step_rows(steps)
+        logits = self._infer([(s, 1) for s, _, _ in steps], embeds, positions, np.zeros(len(steps), bool), [])
+        self._stepped(steps)
+        return logits
+
+    def _step_rows(self, steps: list[tuple[Sequence, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """The embeddings and positions of a decode step's tokens, each sequence given room for its token."""
         for s, _, _ in steps:
             self._grow(s, len(s.keys) + 1)
         embeds = self._embed.infer({"input": np.array([[t for _, t, _ in steps]], np.int64)})[0][0]
         positions = np.tile(np.array([p for _, _, p in steps], np.int64), (3, 1))  # text: the three rows together
-        logits = self._infer([(s, 1) for s, _, _ in steps], embeds, positions, np.zeros(len(steps), bool), [])
-        self._stepped(steps)
-        return logits
+        return embeds, positions
 
     def _infer(self, rows: list[tuple[Sequence, int]], embeds: np.ndarray, positions: np.ndarray,
                mask: np.ndarray, deepstack: list) -> np.ndarray:

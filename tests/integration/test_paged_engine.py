@@ -1,8 +1,9 @@
 """The paged engine (VLFLEET_ENGINE=paged) on the tiny model: the artifact's OpenVINO language model over a paged KV
 cache, several conversations per decode step (the direct engine's language model too, one conversation at a time).
-Its logits equal the stateful model's, a batched step gives each conversation its own logits, a follow-up runs the
-vision encoder 0 times, two conversations keep their own KV, and concurrent answers share decode steps; a prompt the
-cache cannot hold is a 400. The answer cache is off: every answer here comes from the engine."""
+Its logits equal the stateful model's, a batched step gives each conversation its own logits (a prompt chunk in the
+same call too), a follow-up runs the vision encoder 0 times, two conversations keep their own KV, and concurrent
+answers share decode steps; a prompt the cache cannot hold is a 400. The answer cache is off: every answer here
+comes from the engine."""
 
 from __future__ import annotations
 
@@ -122,6 +123,34 @@ def test_a_batched_step_gives_each_sequence_its_own_logits(fp16_ir, chunk):
     assert len(lm._free) == free
 
 
+def test_a_prompt_chunk_and_a_decode_step_in_one_call_give_each_its_own_logits(fp16_ir):
+    """The paged engine's turn (service.engine.paged): a new prompt fed 7 tokens at a time (chunks that start and
+    end inside its image), each call also stepping two other conversations, gives the prompt the stateful model's
+    logits and each step the logits it gets in a call of its own."""
+    from service.engine.direct_pipeline import DirectPipeline, Generation
+    from service.engine.paged_lm import PagedLM
+
+    pipe = DirectPipeline(_settings(fp16_ir), language_model=PagedLM)
+    lm = pipe.lm
+    asked = (("Describe this image.", (110, 70)), ("What colour is it?", (70, 110)), ("Is it dark?", (90, 90)))
+    first, second, new = (pipe.prompt(_conversation(q, side), Generation()) for q, side in asked)
+    steps = []
+    for prompt in (first, second):
+        s, keep = lm.claim(prompt, 64)
+        *_, logits = lm.feed(s, prompt, keep, 1000)
+        steps.append((s, int(np.argmax(logits)), prompt.next_position))
+    filling, keep = lm.claim(new, 8)
+    for a in range(keep, len(new.ids), 7):
+        last, logits = lm.feed_beside(filling, new, a, min(a + 7, len(new.ids)), steps)
+        done, steps = steps, [(s, int(np.argmax(row)), at + 1) for (s, _, at), row in zip(steps, logits, strict=True)]
+    reference = DirectPipeline(_settings(fp16_ir), language_model=_stateful)
+    _close(last, reference.lm.prefill(new)[0])
+    assert not np.allclose(logits[0], logits[1])
+    for (s, token, at), row in zip(done, logits, strict=True):  # the last call's steps, again each alone
+        lm._cut(s, len(s.keys) - 1)
+        _close(row, lm.step_many([(s, token, at)])[0])
+
+
 def test_a_prompt_the_cache_cannot_hold_is_a_400_naming_the_setting(fp16_ir):
     """One conversation at a time (the direct engine): a prompt longer than the cache holds is the client's 400
     naming VLFLEET_KV_CACHE_GB, before any of it is computed, and the next prompt that fits is answered."""
@@ -151,5 +180,7 @@ def test_the_bench_times_a_step_of_each_size_through_the_engines_language_model(
     result = paged_steps.run_subprocess(fp16_ir)
     assert [r["sequences"] for r in result["rows"]] == list(range(1, SEQUENCES + 1))
     assert all(r["ms_per_step"] > 0 for r in result["rows"]), result
+    fused = result["fused"]
+    assert fused["others"] == SEQUENCES - 1 and min(fused["chunk_ms"], fused["step_ms"], fused["together_ms"]) > 0
     with pytest.raises(RuntimeError, match="paged decode steps failed"):
         paged_steps.run_subprocess(fp16_ir / "missing")

@@ -368,6 +368,12 @@ def test_the_paged_steps_table_compares_each_step_with_one_sequence():
     md = "\n".join(paged_steps_section({"paged_steps": {"context": 150, "steps": 12, "rows": rows}}))
     assert "150 tokens of context per sequence, median of 12 steps" in md
     assert "| 4 | 62.5 | 1.25x | 3.20x |" in md and "| 1 | 50.0 | 1.00x | 1.00x |" in md
+    assert "in one call" not in md  # a run from before the fused turn was timed
+    fused = {"chunk": 128, "others": 3, "chunk_ms": 300.0, "step_ms": 60.0, "together_ms": 306.0}
+    md = "\n".join(paged_steps_section({"paged_steps": {"context": 150, "steps": 12, "rows": rows, "fused": fused}}))
+    assert ("A prompt chunk of 128 tokens: 300.0 ms; 3 sequences' decode step: 60.0 ms; the two in one call as the "
+            "paged engine makes it (125 prompt tokens and the step's 3 rows): 306.0 ms, 0.85x the two calls apart "
+            "(360.0 ms).") in md
     assert paged_steps_section({}) == []
 
 
