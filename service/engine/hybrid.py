@@ -14,7 +14,8 @@ kept_sequences.SEQUENCES), each in its own sequence of one KV cache (service.eng
   other conversations come and go (up to SEQUENCES kept; the cache's room decides);
 - a new request whose prompt and longest answer do not fit beside the running ones waits for one to finish.
 
-A new request's images are encoded when it is admitted, between two decode steps (the others wait for it).
+A new request's images are encoded when it is admitted, between two decode steps (the others wait for it), and it is
+admitted once every running answer has its first token.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ class Batched(Running):
     seq: Sequence | None = None
     prefill: object = None  # while its prompt is being computed: LlamaLM.feed's iterator (paged: tokens computed)
     logits: object = None  # the logits the next token is drawn from
-    batch_max: int = 0  # the most answers a decode step of this one shared (the inference log's decode_batch_max)
+    batch_max: int = 0  # the most answers a decode step of this one shared (the inference log's decode_batch_max;
+    # 0 until its first token was drawn)
     prefill_on: str = ""  # the runtime that computed its prompt (the inference log's prefill_on)
+    prompt_s: float | None = None  # from its start until its prompt was computed (the inference log's prompt_s)
 
 
 class HybridEngine(DirectEngine):
@@ -83,8 +86,10 @@ class HybridEngine(DirectEngine):
                     running.clear()
 
     def _admit(self, running: list[Batched], waiting: deque[Batched], limit: int) -> None:
-        """Start queued requests while fewer than ``limit`` run; block for one only when nothing runs."""
-        while len(running) < limit:
+        """Start queued requests while fewer than ``limit`` run and every one has its first token; block for one only
+        when nothing runs. A new request's images are encoded once the one before reached its first token: the work
+        is the same as admitting all at once, but the first answers start sooner."""
+        while len(running) < limit and all(r.batch_max for r in running):
             if waiting:
                 r = waiting.popleft()
             else:
@@ -131,10 +136,14 @@ class HybridEngine(DirectEngine):
         if filling is not None:
             out = next(filling.prefill)
             if out is not None:
-                filling.logits, filling.prefill = out, None
+                self._prompt_done(filling, out)
         steps, stepping = self._next_tokens(running)
         if steps:
             self._stepped(stepping, self.pipeline.lm.step_many(steps))
+
+    @staticmethod
+    def _prompt_done(r: Batched, logits) -> None:
+        r.logits, r.prefill, r.prompt_s = logits, None, time.monotonic() - r.started
 
     def _next_tokens(self, running: list[Batched]) -> tuple[list[tuple[Sequence, int, int]], list[Batched]]:
         """The next token of every answer past its prompt, as a decode step's (sequence, token, position) rows, and
@@ -165,7 +174,8 @@ class HybridEngine(DirectEngine):
     def _complete(self, r: Batched) -> None:
         stats = r.answer.finish()
         self.pipeline.lm.release(r.seq)
-        self._end(r, stats, decode_batch_max=r.batch_max, prefill_on=r.prefill_on)
+        self._end(r, stats, decode_batch_max=r.batch_max, prefill_on=r.prefill_on,
+                  prompt_s=None if r.prompt_s is None else round(r.prompt_s, 4))
 
     def _drop(self, r: Batched, error: Exception) -> None:
         """End ``r`` with ``error``; its sequence keeps nothing (a half-fed state is nobody's conversation)."""

@@ -37,8 +37,9 @@ class PagedEngine(HybridEngine):
         prompt, start = filling.answer.prompt, filling.prefill
         end = min(len(prompt.ids), start + PREFILL_CHUNK - len(steps))
         last, logits = self.pipeline.lm.feed_beside(filling.seq, prompt, start, end, steps)
-        filling.prefill = end if end < len(prompt.ids) else None
-        if filling.prefill is None:
-            filling.logits = last
+        if end < len(prompt.ids):
+            filling.prefill = end
+        else:
+            self._prompt_done(filling, last)
         if steps:
             self._stepped(stepping, logits)

@@ -5,6 +5,8 @@ The answer cache is off: every answer here comes from the engine."""
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import signal
 import struct
 import threading
@@ -25,6 +27,7 @@ from tests.integration.test_response_format import post
 RUNS, REUSED = "vlfleet_vision_encoder_runs_total", "vlfleet_reused_prompt_tokens_total"
 MODEL = "qwen3-vl-2b-instruct"
 ENV = {"VLFLEET_ANSWER_CACHE_MB": "0"}
+LOG_SLACK_S = 0.01  # the log's time is to the millisecond and taken a little after the answer's end
 # fp16 weights on both sides (the IR's and the GGUF's), f32 arithmetic: what differs is llama.cpp's kernels
 # (activations rounded to f16 for its f16 matmuls). Measured on the tiny model: 6e-4 of the largest logit.
 TOLERANCE = 2e-3
@@ -192,6 +195,34 @@ def test_concurrent_answers_share_decode_steps(server, client):
     assert all(r is not None and r.usage.completion_tokens == 48 for r in results), results
     lines = [lines[-1] for lines in server.wait_inference_lines(*ids)]
     assert max(line["decode_batch_max"] for line in lines) >= 2, lines
+
+
+def test_a_request_starts_once_the_one_before_has_its_first_token(server, client):
+    """Three clients at once: a request is started (its images encoded, its prompt computed) only once the one
+    started before it has computed its prompt (and drawn its first token from it), so the first answers do not wait
+    for the others' images. From the inference log: its time is the answer's end, ``total_s`` and ``prompt_s`` are
+    from the answer's start."""
+    ids = [f"order-{i}" for i in range(3)]
+    question = "Describe every part of this picture. " * 120  # a prompt whose prefill takes a while, even here
+
+    def ask(i: int) -> None:
+        client.chat.completions.create(
+            model=MODEL, messages=[image_message(f"{i}. {question}", png_bytes((160, 120), (9 * i, 99, 9)))],
+            max_tokens=8, temperature=0, extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": ids[i]})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    lines = [lines[-1] for lines in server.wait_inference_lines(*ids)]
+    starts = sorted((_logged_at(line) - line["total_s"], line["prompt_s"]) for line in lines)
+    for (start, prompt_s), (next_start, _) in itertools.pairwise(starts):
+        assert next_start >= start + prompt_s - LOG_SLACK_S, lines
+
+
+def _logged_at(line: dict) -> float:
+    return datetime.datetime.fromisoformat(line["ts"].replace("Z", "+00:00")).timestamp()
 
 
 def test_a_prompt_that_cannot_fit_the_context_is_a_400(request, tmp_path_factory):

@@ -18,6 +18,7 @@ from tests.integration.conftest import start_engine
 from tests.integration.test_hybrid_engine import (  # the hybrid engine's HTTP checks, run here on this module's server
     _conversation,
     test_a_follow_up_runs_the_vision_encoder_zero_times,  # noqa: F401
+    test_a_request_starts_once_the_one_before_has_its_first_token,  # noqa: F401
     test_concurrent_answers_share_decode_steps,  # noqa: F401
     test_two_conversations_taking_turns_each_keep_their_kv,  # noqa: F401
 )
