@@ -180,18 +180,9 @@ def test_logits_equal_the_direct_engines(fp16_pair, prefill):
 def test_concurrent_answers_share_decode_steps(server, client):
     """Three clients at once: their decode steps run as one batch (the inference log's decode_batch_max), and
     each answer is whole."""
-    ids, results = [f"batch-{i}" for i in range(3)], [None] * 3
-
-    def ask(i: int) -> None:
-        results[i] = client.chat.completions.create(
-            model=MODEL, messages=[image_message(f"Question {i}?", png_bytes((64 + 8 * i, 64), (9, 99, 9 * i)))],
-            max_tokens=48, temperature=0, extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": ids[i]})
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    ids = [f"batch-{i}" for i in range(3)]
+    results = _at_once(client, ids, [(f"Question {i}?", png_bytes((64 + 8 * i, 64), (9, 99, 9 * i))) for i in range(3)],
+                       max_tokens=48)
     assert all(r is not None and r.usage.completion_tokens == 48 for r in results), results
     lines = [lines[-1] for lines in server.wait_inference_lines(*ids)]
     assert max(line["decode_batch_max"] for line in lines) >= 2, lines
@@ -204,21 +195,30 @@ def test_a_request_starts_once_the_one_before_has_its_first_token(server, client
     from the answer's start."""
     ids = [f"order-{i}" for i in range(3)]
     question = "Describe every part of this picture. " * 120  # a prompt whose prefill takes a while, even here
-
-    def ask(i: int) -> None:
-        client.chat.completions.create(
-            model=MODEL, messages=[image_message(f"{i}. {question}", png_bytes((160, 120), (9 * i, 99, 9)))],
-            max_tokens=8, temperature=0, extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": ids[i]})
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    _at_once(client, ids, [(f"{i}. {question}", png_bytes((160, 120), (9 * i, 99, 9))) for i in range(3)], max_tokens=8)
     lines = [lines[-1] for lines in server.wait_inference_lines(*ids)]
     starts = sorted((_logged_at(line) - line["total_s"], line["prompt_s"]) for line in lines)
     for (start, prompt_s), (next_start, _) in itertools.pairwise(starts):
         assert next_start >= start + prompt_s - LOG_SLACK_S, lines
+
+
+def _at_once(client, ids: list[str], asked: list[tuple[str, bytes]], max_tokens: int) -> list:
+    """Each (question, image) asked by a client of its own, all started together; their completions (None for one
+    that did not end)."""
+    results = [None] * len(ids)
+
+    def ask(i: int) -> None:
+        question, png = asked[i]
+        results[i] = client.chat.completions.create(
+            model=MODEL, messages=[image_message(question, png)], max_tokens=max_tokens, temperature=0,
+            extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": ids[i]})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(ids))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
 
 
 def _logged_at(line: dict) -> float:
