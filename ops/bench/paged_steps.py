@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ops.bench.llama_steps import child_json, timed
 
-SIZES = (1, 2, 3, 4)
+FUSED_OTHERS = 3  # the decode step beside a prompt chunk when a fourth client's prompt comes in
 
 
 def measure(model_dir: Path, context: int = 150, steps: int = 12, warmup: int = 2) -> dict:
@@ -26,7 +26,6 @@ def measure(model_dir: Path, context: int = 150, steps: int = 12, warmup: int = 
     Settings are the service's defaults for this artifact."""
     import numpy as np
 
-    from service.engine.kept_sequences import SEQUENCES
     from service.engine.paged_lm import PagedLM
     from service.engine.prompt import Prompt
     from service.runtime.settings import load
@@ -34,9 +33,10 @@ def measure(model_dir: Path, context: int = 150, steps: int = 12, warmup: int = 
     lm = PagedLM(load({}, model_dir=model_dir), model_dir)
     rng = np.random.default_rng(0)
     sequences = []
-    for _ in range(SEQUENCES):
+    sizes = range(1, lm.sequences + 1)
+    for _ in sizes:
         prompt = Prompt(rng.integers(100, 20000, context).astype(np.int64), [])
-        seq, keep = lm.claim(prompt, (warmup + steps) * (len(SIZES) + 2))
+        seq, keep = lm.claim(prompt, (warmup + steps) * (len(sizes) + 2))
         list(lm.feed(seq, prompt, keep, context))
         sequences.append(seq)
 
@@ -44,9 +44,9 @@ def measure(model_dir: Path, context: int = 150, steps: int = 12, warmup: int = 
         return [(s, int(rng.integers(100, 20000)), len(s.keys)) for s in seqs]
 
     rows = [{"sequences": n, "ms_per_step": timed(lambda n=n: lm.step_many(decode(sequences[:n])), steps, warmup)}
-            for n in SIZES]
+            for n in sizes]
     return {"context": context, "steps": steps, "rows": rows,
-            "fused": _fused(lm, sequences[-1], sequences[:-1], decode, rng, steps, warmup)}
+            "fused": _fused(lm, sequences[-1], sequences[:FUSED_OTHERS], decode, rng, steps, warmup)}
 
 
 def _fused(lm, filling, others: list, decode, rng, steps: int, warmup: int) -> dict:

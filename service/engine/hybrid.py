@@ -5,13 +5,14 @@ language model.
 
 Everything but the language model is the direct engine's: prompt, kept images, sampling, grammar, logprobs
 (service.engine.direct_pipeline.Answer). Unlike direct it answers up to VLFLEET_MAX_BATCH requests at once (at most
-kept_sequences.SEQUENCES), each in its own sequence of one KV cache (service.engine.kept_sequences):
+the language model's ``sequences``: 4 for llama.cpp), each in its own sequence of one KV cache
+(service.engine.kept_sequences):
 
 - each turn of the loop feeds one chunk (PREFILL_CHUNK tokens) of one new prompt, then runs one decode step for
   every answer past its prompt, the step in one batch: a long new prompt delays the others' next tokens by a chunk
   at a time, never by its whole prefill;
 - each conversation's KV stays in its sequence after its answer, so its follow-up computes its new turn only, while
-  other conversations come and go (up to SEQUENCES kept; the cache's room decides);
+  other conversations come and go (up to ``sequences`` kept; the cache's room decides);
 - a new request whose prompt and longest answer do not fit beside the running ones waits for one to finish.
 
 A new request's images are encoded when it is admitted, between two decode steps (the others wait for it), and it is
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from service.engine.direct import DirectEngine, Running
 from service.engine.direct_pipeline import Answer, DirectPipeline
 from service.engine.job import FINISHED, RUNNING, Job
-from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence
+from service.engine.kept_sequences import KeptSequences, Sequence
 from service.engine.llama_lm import LlamaLM
 
 log = logging.getLogger("vlfleet.engine")
@@ -71,7 +72,7 @@ class HybridEngine(DirectEngine):
     def _serve(self) -> None:
         running: list[Batched] = []
         waiting: deque[Batched] = deque()  # admitted, but no room in the KV cache yet
-        limit = min(self.settings.max_batch, SEQUENCES)
+        limit = min(self.settings.max_batch, self.pipeline.lm.sequences)
         while True:
             self._admit(running, waiting, limit)
             if running:

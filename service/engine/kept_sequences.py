@@ -21,7 +21,7 @@ import numpy as np
 from service.engine.errors import APIError
 from service.engine.prompt import Prompt, common_prefix
 
-SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of n_ctx tokens
+SEQUENCES = 4  # conversations whose KV is kept at once, in one shared cache of n_ctx tokens (a subclass may keep more)
 SAME_CONVERSATION = 0.5  # the share of a sequence's tokens a prompt must start with to continue it
 
 
@@ -57,13 +57,14 @@ class KeptSequences:
     in chunks, ``step_many`` one decode step for all, ``release`` it. Subclasses set ``n_ctx`` (tokens the cache
     holds), ``vocab_size`` and ``context_setting`` (the setting that makes the cache larger)."""
 
+    sequences: int = SEQUENCES  # conversations kept, and the most a decode step takes
     n_ctx: int
     vocab_size: int
     context_setting: str
     runtime: str  # what computes prompts and steps: the inference log's prefill_on
 
     def _init_sequences(self) -> None:
-        self._sequences = [Sequence(i) for i in range(SEQUENCES)]
+        self._sequences = [Sequence(i) for i in range(self.sequences)]
         self._active = self._sequences[0]
 
     @property

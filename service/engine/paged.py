@@ -3,7 +3,7 @@
 images: batching and follow-up reuse at once, on the hosts where OpenVINO's language model is the faster one.
 
 The loop is the hybrid engine's (service.engine.hybrid): up to VLFLEET_MAX_BATCH answers (at most
-kept_sequences.SEQUENCES), a new prompt computed a chunk at a time between decode steps, a follow-up continued from
+PagedLM.sequences, 8), a new prompt computed a chunk at a time between decode steps, a follow-up continued from
 its conversation's sequence. The cache holds VLFLEET_KV_CACHE_GB.
 
 Unlike hybrid, a turn of the loop is one call: the decode step's rows go in the same call as the prompt chunk, which

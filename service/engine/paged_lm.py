@@ -19,13 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from service.engine.genai import split_properties
-from service.engine.kept_sequences import SEQUENCES, KeptSequences, Sequence
+from service.engine.kept_sequences import KeptSequences, Sequence
 from service.engine.prompt import Prompt, prompt_rows
 
 CACHE_PREFIX = ("key_cache.", "value_cache.")
 
 
 class PagedLM(KeptSequences):
+    # Twice llama.cpp's: OpenVINO's step grows slowly with its rows (the bench's paged steps table), and a sequence
+    # takes cache blocks only while it holds tokens, so more kept conversations cost no memory up front.
+    sequences = 8
     context_setting = "VLFLEET_KV_CACHE_GB"
     runtime = "openvino"
 
@@ -52,7 +55,7 @@ class PagedLM(KeptSequences):
         # channel adds there (the values' per-token scales go in the last dimension).
         self.block_size = min(i.get_partial_shape()[2].get_length() for i in caches)
         per_block = sum(_block_bytes(i) for i in caches)
-        self.n_blocks = max(2 * SEQUENCES, int(settings.kv_cache_gb * 2**30) // per_block)
+        self.n_blocks = max(2 * self.sequences, int(settings.kv_cache_gb * 2**30) // per_block)
         self._caches = {}  # by input name; uninitialised: only the blocks handed out take memory (zeroed, _grow)
         for i in caches:
             shape = [self.n_blocks, *(d.get_length() for d in list(i.get_partial_shape())[1:])]
@@ -60,7 +63,7 @@ class PagedLM(KeptSequences):
             self._request.set_tensor(i.get_any_name(), self._caches[i.get_any_name()])
         # A sequence's last block is partly empty: n_ctx leaves one block per sequence for it, so a claim the
         # token count allows always finds its blocks.
-        self.n_ctx = (self.n_blocks - SEQUENCES) * self.block_size
+        self.n_ctx = (self.n_blocks - self.sequences) * self.block_size
         self._init_sequences()
         self._free = list(range(self.n_blocks))
 

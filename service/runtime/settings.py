@@ -162,7 +162,7 @@ FIELDS: tuple[Field, ...] = (
           "Times in a row the llamacpp engine restarts a llama-server that died or would not start before it "
           "gives up (the service then stays unready); a restart that serves resets the count."),
     Field("max_batch", _int_range(1, 256), 4,
-          "Requests generating at once (batching engine; hybrid and paged: at most 4)."),
+          "Requests generating at once (batching engine; hybrid: at most 4, paged: at most 8)."),
     Field("kv_cache_gb", _int_range(1, 1024), 2,
           "KV-cache size in GiB (direct, batching and paged engines); it also holds the prefix cache that makes "
           "follow-ups cheaper."),

@@ -176,12 +176,13 @@ def test_the_bench_times_a_step_of_each_size_through_the_engines_language_model(
     """ops.bench.paged_steps, in its own interpreter as the bench runs it: a row per step size the engine takes; a
     model it cannot load is a failure that says so, not a hang or a traceback in the bench."""
     from ops.bench import paged_steps
-    from service.engine.kept_sequences import SEQUENCES
+    from service.engine.paged_lm import PagedLM
 
     result = paged_steps.run_subprocess(fp16_ir)
-    assert [r["sequences"] for r in result["rows"]] == list(range(1, SEQUENCES + 1))
+    assert [r["sequences"] for r in result["rows"]] == list(range(1, PagedLM.sequences + 1))
     assert all(r["ms_per_step"] > 0 for r in result["rows"]), result
     fused = result["fused"]
-    assert fused["others"] == SEQUENCES - 1 and min(fused["chunk_ms"], fused["step_ms"], fused["together_ms"]) > 0
+    assert fused["others"] == paged_steps.FUSED_OTHERS
+    assert min(fused["chunk_ms"], fused["step_ms"], fused["together_ms"]) > 0, fused
     with pytest.raises(RuntimeError, match="paged decode steps failed"):
         paged_steps.run_subprocess(fp16_ir / "missing")
