@@ -45,10 +45,13 @@ class Batched(Running):
     seq: Sequence | None = None
     prefill: object = None  # while its prompt is being computed: LlamaLM.feed's iterator (paged: tokens computed)
     logits: object = None  # the logits the next token is drawn from
-    batch_max: int = 0  # the most answers a decode step of this one shared (the inference log's decode_batch_max;
-    # 0 until its first token was drawn)
+    batch_max: int = 0  # the most answers a decode step of this one shared (the inference log's decode_batch_max)
     prefill_on: str = ""  # the runtime that computed its prompt (the inference log's prefill_on)
     prompt_s: float | None = None  # from its start until its prompt was computed (the inference log's prompt_s)
+
+    @property
+    def has_first_token(self) -> bool:
+        return self.batch_max > 0  # its first token was drawn and went into a decode step
 
 
 class HybridEngine(DirectEngine):
@@ -90,7 +93,7 @@ class HybridEngine(DirectEngine):
         """Start queued requests while fewer than ``limit`` run and every one has its first token; block for one only
         when nothing runs. A new request's images are encoded once the one before reached its first token: the work
         is the same as admitting all at once, but the first answers start sooner."""
-        while len(running) < limit and all(r.batch_max for r in running):
+        while len(running) < limit and all(r.has_first_token for r in running):
             if waiting:
                 r = waiting.popleft()
             else:
@@ -175,8 +178,7 @@ class HybridEngine(DirectEngine):
     def _complete(self, r: Batched) -> None:
         stats = r.answer.finish()
         self.pipeline.lm.release(r.seq)
-        self._end(r, stats, decode_batch_max=r.batch_max, prefill_on=r.prefill_on,
-                  prompt_s=None if r.prompt_s is None else round(r.prompt_s, 4))
+        self._end(r, stats, decode_batch_max=r.batch_max, prefill_on=r.prefill_on, prompt_s=round(r.prompt_s, 4))
 
     def _drop(self, r: Batched, error: Exception) -> None:
         """End ``r`` with ``error``; its sequence keeps nothing (a half-fed state is nobody's conversation)."""
