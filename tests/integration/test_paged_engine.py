@@ -16,6 +16,7 @@ from openai import OpenAI
 from service.engine.conversation import Conversation, Turn
 from tests.integration.conftest import start_engine
 from tests.integration.test_hybrid_engine import (  # the hybrid engine's HTTP checks, run here on this module's server
+    ENV,
     _conversation,
     test_a_follow_up_runs_the_vision_encoder_zero_times,  # noqa: F401
     test_a_request_starts_once_the_one_before_has_its_first_token,  # noqa: F401
@@ -23,7 +24,6 @@ from tests.integration.test_hybrid_engine import (  # the hybrid engine's HTTP c
     test_two_conversations_taking_turns_each_keep_their_kv,  # noqa: F401
 )
 
-ENV = {"VLFLEET_ANSWER_CACHE_MB": "0"}
 # The same IR, both sides in f32 with an f32 KV cache: what differs is the attention kernel (paged against the
 # stateful model's SDPA, tests/integration/stateful_reference.py) and the order of its sums. Measured on the tiny
 # model: 4e-7 of the largest logit.
