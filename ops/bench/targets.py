@@ -202,6 +202,9 @@ def evaluate(results: dict) -> list[Target]:
                0.30, "x"),
         Target("followup", "follow-up first token / first question's",
                ratio(followup.get("followup_first_token_s"), followup.get("first_first_token_s")), 0.35, "x"),
+        # Issue 30: the default engine's own image path must not cost the first token over genai's pipeline.
+        Target("first-vs-serial", "first token, the default engine / the serial engine (same run)",
+               ratio(first, dig(results, "service", "int4_serial", "image_416", "first_token_s")), 1.05, "x"),
     ]
     for key, entry in (results.get("service") or {}).items():
         fu = entry.get("followup") if key.startswith("int4_") else None

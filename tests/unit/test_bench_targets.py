@@ -106,6 +106,16 @@ def test_missing_sections_are_not_evaluated_never_met():
     assert s["met"] == 0 and s["not_evaluated"] == s["total"]
 
 
+def test_the_default_engine_first_token_is_judged_against_serial_of_the_same_run():
+    assert by_id(evaluate(results()))["first-vs-serial"].met is None  # no serial engine run: not evaluated
+    r = results()
+    r["service"]["int4_serial"] = {"engine": "serial", "image_416": {"first_token_s": 0.96}}
+    t = by_id(evaluate(r))["first-vs-serial"]
+    assert t.measured == pytest.approx(1.0 / 0.96) and t.met is True  # 4.2 % slower: within 5 %
+    r["service"]["int4_serial"]["image_416"]["first_token_s"] = 0.9
+    assert by_id(evaluate(r))["first-vs-serial"].met is False
+
+
 def test_slower_service_fails_the_first_token_target():
     r = results()
     r["service"]["int4"]["image_416"]["first_token_s"] = 2.0
