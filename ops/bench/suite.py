@@ -718,6 +718,8 @@ LEVERS: tuple[tuple[str, str, dict[str, str], str], ...] = (
     ("dynamic quantisation", "VLFLEET_DQ_GROUP_SIZE=32 (the plugin's default)", {"VLFLEET_DQ_GROUP_SIZE": "32"},
      "int4"),
     ("dynamic quantisation", "VLFLEET_DQ_GROUP_SIZE=0 (off)", {"VLFLEET_DQ_GROUP_SIZE": "0"}, "int4"),
+    # The vision encoder's int8 weights unpacked once at load: the image encode on plain matmul kernels.
+    ("vision weights", "VLFLEET_VISION_WEIGHTS=decompressed", {"VLFLEET_VISION_WEIGHTS": "decompressed"}, "int4"),
     # The plugin's default KV cache is u8; wider caches cost bandwidth per decoded token but skip its quantisation.
     ("KV cache", "VLFLEET_KV_PRECISION=f16", {"VLFLEET_KV_PRECISION": "f16"}, "int4"),
     ("KV cache", "VLFLEET_KV_PRECISION=f32", {"VLFLEET_KV_PRECISION": "f32"}, "int4"),

@@ -57,7 +57,7 @@ class DirectPipeline:
         self.tokenizer = ov_genai.Tokenizer(str(model_dir))
         self.ids = TokenIds.of_model(model_dir)
         self.vision = VisionEncoder(core, model_dir, settings.device, vision_props,
-                                    int(settings.image_cache_mb * 2**20))
+                                    int(settings.image_cache_mb * 2**20), settings.vision_weights == "decompressed")
         self.lm = (language_model or PagedLM)(settings, model_dir)
         self.grammars = Grammars(model_dir, self.lm.vocab_size, self.ids.eos)
         self.answer_ids = AnswerIds()

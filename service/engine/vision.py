@@ -125,15 +125,20 @@ class VisionEncoder:
     Only the inference thread calls it. ``runs`` counts the encoder's real runs (the service exports it).
     """
 
-    def __init__(self, core, model_dir: Path, device: str, properties: dict, cache_bytes: int):
+    def __init__(self, core, model_dir: Path, device: str, properties: dict, cache_bytes: int,
+                 decompress: bool = False):
+        """``decompress``: unpack the artifact's int8 weights at load (decompress_weights), VLFLEET_VISION_WEIGHTS."""
         self.cfg = VisionConfig.of_model(model_dir)
-        compile_ = lambda model: core.compile_model(model, device, properties).create_infer_request()  # noqa: E731
-        xml = lambda name: str(Path(model_dir) / f"openvino_{name}_model.xml")  # noqa: E731
-        patch_embed = core.read_model(xml("vision_embeddings"))
-        _patch_embedding_as_matmul(patch_embed)
-        self._patch_embed = compile_(patch_embed)
-        self._position = compile_(xml("vision_embeddings_pos"))
-        self._merger = compile_(xml("vision_embeddings_merger"))
+
+        def load(name: str, *rewrites):
+            model = core.read_model(str(Path(model_dir) / f"openvino_{name}_model.xml"))
+            for rewrite in rewrites + ((decompress_weights,) if decompress else ()):
+                rewrite(model)
+            return core.compile_model(model, device, properties).create_infer_request()
+
+        self._patch_embed = load("vision_embeddings", _patch_embedding_as_matmul)
+        self._position = load("vision_embeddings_pos")
+        self._merger = load("vision_embeddings_merger")
         self._cache: OrderedDict[str, EncodedImage] = OrderedDict()
         self._cache_bytes = cache_bytes
         self._lock = threading.Lock()  # trim() may come from another thread
@@ -208,3 +213,57 @@ def _patch_embedding_as_matmul(model) -> None:
         for target in conv.output(0).get_target_inputs():
             target.replace_source_output(y.output(0))
     model.validate_nodes_and_infer_types()
+
+
+def decompress_weights(model) -> int:
+    """Replace each int8/uint8 weight's decompression (Convert, minus the zero point, times the scale) with its
+    result, a constant in the decompression's own type (f16 in the exported IR); returns how many were replaced.
+
+    The CPU plugin runs a matmul whose weights arrive through that chain on its compressed kernel, which unpacks and
+    scales the weights inside every product: the image encode's matmuls (468 patches at 2b) then run below the plain
+    kernel's rate. Unpacked once here, they take the plain kernel, for more memory: the f16 constants are twice the int8
+    weights' size, and the plugin packs its own copy for the kernel beside them."""
+    import openvino.opset13 as ops
+
+    folded = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Multiply" or not _has_int8_source(node):
+            continue
+        value = _constant_value(node)
+        if value is None:
+            continue
+        node.output(0).replace(ops.constant(value).output(0))
+        folded += 1
+    model.validate_nodes_and_infer_types()
+    return folded
+
+
+_FOLDABLE = {"Convert", "Subtract", "Multiply"}
+
+
+def _has_int8_source(node) -> bool:
+    if node.get_type_name() == "Constant":
+        return node.get_element_type().get_type_name() in ("i8", "u8")
+    return node.get_type_name() in _FOLDABLE and any(
+        _has_int8_source(node.input_value(i).get_node()) for i in range(node.get_input_size()))
+
+
+def _constant_value(node) -> np.ndarray | None:
+    """The value of a subgraph of constants and _FOLDABLE ops, or None where it reads anything else (or a type numpy
+    has no dtype for: bf16, int4)."""
+    kind = node.get_type_name()
+    try:
+        dtype = node.get_output_element_type(0).to_dtype()
+    except (RuntimeError, TypeError):
+        return None
+    if kind == "Constant":
+        return node.get_data()
+    if kind not in _FOLDABLE:
+        return None
+    args = [_constant_value(node.input_value(i).get_node()) for i in range(node.get_input_size())]
+    if any(a is None for a in args):
+        return None
+    if kind == "Convert":
+        return args[0].astype(dtype)
+    # in f32: numpy's f16 arithmetic is several times slower, and one rounding at the end is the closer result
+    return (np.subtract if kind == "Subtract" else np.multiply)(*args, dtype=np.float32).astype(dtype)

@@ -189,6 +189,11 @@ FIELDS: tuple[Field, ...] = (
           "auto = 128 on CPUs with VNNI, the int4 conversion's own group size (the image encode and prompt prefill "
           "faster than the plugin's default 32, measured in the bench's levers table), else the plugin's default; "
           "0 = off."),
+    Field("vision_weights", _choice("compressed", "decompressed"), "compressed",
+          "How the direct, paged and hybrid engines hold the vision encoder's int8 weights. compressed = as the "
+          "artifact stores them, unpacked inside every matmul of every image encode; decompressed = unpacked once at "
+          "load into f16 constants, so the image encode runs the plugin's plain matmul kernels instead of its "
+          "compressed ones, for more memory. The bench's levers table gives both on its CPU (first token, peak RSS)."),
     Field("http_threads", _int_range(2, 256), 16,
           "gunicorn threads in the one worker process (each open SSE stream holds one)."),
     Field("queue_size", _int_range(1, 1024), 8,

@@ -165,7 +165,7 @@ EXACT = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0
 def _settings(model_dir) -> types.SimpleNamespace:
     return types.SimpleNamespace(model_dir=model_dir, device="CPU", threads=0, precision="f32", lm_precision="f32",
                                  dq_group_size="0", kv_precision="f32", model_cache_dir=None, image_cache_mb=64,
-                                 kv_cache_gb=1)
+                                 vision_weights="compressed", kv_cache_gb=1)
 
 
 def _conversation(question: str) -> Conversation:
@@ -233,3 +233,30 @@ def test_the_patch_embedding_runs_as_a_matmul_with_the_convolutions_output(tiny_
     compiled = VisionEncoder(core, tiny_model, "CPU", EXACT, 0)._patch_embed.get_compiled_model()
     layers = {op.get_rt_info()["layerType"].astype(str) for op in compiled.get_runtime_model().get_ops()}
     assert "Convolution" not in layers and "FullyConnected" in layers
+
+
+def test_decompressed_vision_weights_give_the_compressed_encoders_output(tiny_model):
+    """VLFLEET_VISION_WEIGHTS=decompressed (vision.decompress_weights): the artifact's int8 merger weights become f16
+    constants, so the compiled merger runs plain FullyConnected layers, and encodes an image to the compressed
+    encoder's embeddings within f16's rounding of each unpacked weight (both at f32). The tiny IR's chains carry no
+    decompression mark, so the plugin unpacks them itself there; on the 2b IR it keeps them for its compressed kernel
+    unless they are unpacked here, and the bench's levers table times both."""
+    import openvino as ov
+
+    from service.engine.vision import VisionEncoder, decompress_weights
+
+    core = ov.Core()
+    merger = core.read_model(str(tiny_model / "openvino_vision_embeddings_merger_model.xml"))
+    int8 = sum(op.get_type_name() == "Constant" and op.get_element_type() == ov.Type.i8 for op in merger.get_ops())
+    assert int8 and decompress_weights(merger) == int8
+    pixels = _conversation("").images[0].pixels
+    packed, unpacked = (VisionEncoder(core, tiny_model, "CPU", EXACT, 0, decompress) for decompress in (False, True))
+    def layers(encoder) -> set[str]:
+        runtime = encoder._merger.get_compiled_model().get_runtime_model()
+        return {op.get_rt_info()["layerType"].astype(str) for op in runtime.get_ops()}
+
+    assert "FullyConnected" in layers(unpacked) and "FullyConnectedCompressed" not in layers(unpacked)
+    want, got = packed.encode(pixels, "a"), unpacked.encode(pixels, "a")
+    for mine, theirs in ((got.embeds, want.embeds), (got.deepstack, want.deepstack)):
+        assert mine.shape == theirs.shape
+        assert np.abs(mine - theirs).max() <= 1e-2 * np.abs(theirs).max()

@@ -145,8 +145,9 @@ def fp16_pair(tiny_checkpoint, llama_server, llama_lib):
 def _settings(ir, gguf, lib, prefill: str = "llamacpp") -> types.SimpleNamespace:
     return types.SimpleNamespace(model_dir=ir, device="CPU", threads=0, precision="f32", lm_precision="f32",
                                  dq_group_size="0", kv_precision="auto", model_cache_dir=None, image_cache_mb=64,
-                                 llamacpp_model_dir=gguf, llamacpp_lib=lib, llamacpp_ctx=0, max_input_tokens=4096,
-                                 max_tokens=64, log_level="info", hybrid_prefill=prefill, kv_cache_gb=1)
+                                 vision_weights="compressed", llamacpp_model_dir=gguf, llamacpp_lib=lib,
+                                 llamacpp_ctx=0, max_input_tokens=4096, max_tokens=64, log_level="info",
+                                 hybrid_prefill=prefill, kv_cache_gb=1)
 
 
 def _conversation(question: str, side=(110, 70)) -> Conversation:

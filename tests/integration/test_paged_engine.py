@@ -54,7 +54,8 @@ def fp16_ir(tiny_checkpoint):
 def _settings(ir, **overrides) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{
         "model_dir": ir, "device": "CPU", "threads": 0, "precision": "f32", "lm_precision": "f32",
-        "dq_group_size": "0", "kv_precision": "f32", "model_cache_dir": None, "image_cache_mb": 64, "kv_cache_gb": 1,
+        "dq_group_size": "0", "kv_precision": "f32", "model_cache_dir": None, "image_cache_mb": 64,
+        "vision_weights": "compressed", "kv_cache_gb": 1,
         "max_input_tokens": 4096, "max_tokens": 64, "log_level": "info", **overrides})
 
 
