@@ -62,6 +62,16 @@ def compare(ratio: float, name: str, other: str, tolerance: float = TOLERANCE) -
             "slower_by_percent": 100 * by, "summary": text}
 
 
+def relative_spread(values: Sequence[float]) -> float:
+    """(max - min) / median of a handful of times: how far one setting's own runs wandered; 0 for fewer than two."""
+    if len(values) < 2:
+        return 0.0
+    return (max(values) - min(values)) / percentile(values, 50)
+
+
+LEVER_METRICS = ("first_token_s", "ms_per_token")  # what a lever is judged on against the defaults
+
+
 def lever_defaults(levers: list[dict]) -> dict | None:
     """The service defaults a lever is compared with: the faster of the baseline rows, per metric.
 
@@ -70,4 +80,4 @@ def lever_defaults(levers: list[dict]) -> dict | None:
     bases = [lv for lv in levers if lv["name"] == "baseline"]
     if not bases:
         return None
-    return {key: min(b[key] for b in bases) for key in ("first_token_s", "ms_per_token")}
+    return {key: min(b[key] for b in bases) for key in LEVER_METRICS}

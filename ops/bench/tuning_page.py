@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ops.bench.bench_md import gb, num, table
-from ops.bench.stats import TOLERANCE, lever_defaults, ratio
+from ops.bench.stats import LEVER_METRICS, TOLERANCE, lever_defaults, ratio, relative_spread
 from ops.bench.targets import dig
 
 HEADER = """# Tuning: what to pick for which CPU and which traffic
@@ -177,19 +177,12 @@ def levers_section(runs: list[tuple[str, dict]]) -> list[str]:
             "", advice, ""]
 
 
-METRICS = ("first_token_s", "ms_per_token")
-
-
 def defaults_spread(results: dict) -> dict[str, float]:
     """Per metric, how far the service defaults' own answers spread in this run: (max - min) / median of the int4
     section's runs (the levers' baseline settings, same image), at least TOLERANCE. A lever inside that band moved
     no more than the defaults did from one answer to the next, on a machine whose speed wanders during a sitting."""
-    spread = {}
-    for key in METRICS:
-        values = sorted(s[key] for s in _samples(results) if s.get(key))
-        wide = (values[-1] - values[0]) / values[len(values) // 2] if len(values) > 1 else 0.0
-        spread[key] = max(TOLERANCE, wide)
-    return spread
+    return {key: max(TOLERANCE, relative_spread([s[key] for s in _samples(results) if s.get(key)]))
+            for key in LEVER_METRICS}
 
 
 def _samples(results: dict) -> list[dict]:
